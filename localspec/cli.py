@@ -1,0 +1,167 @@
+"""localspec's command line: parse -> a config dataclass -> library calls."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+from localspec.errors import LocalspecError
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    n_ctx: int = 4096
+    threads: int = 0
+    n_gpu_layers: int = 0
+    flash_attn: str = "auto"
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    engine: EngineConfig
+    prompt: str
+    max_tokens: int = 256
+    chat: bool = False
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    from localspec.store import DEFAULT_MODEL
+    p.add_argument("-m", "--model", default=DEFAULT_MODEL,
+                   help=f"registry name or path to a .gguf (default: {DEFAULT_MODEL})")
+    p.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all cores)")
+    p.add_argument("--gpu-layers", type=int, default=0,
+                   help="layers to offload (needs a CUDA/ROCm/Metal build of llama-cpp-python)")
+    p.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto")
+
+
+def engine_config(a: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(a.model, a.ctx, a.threads, a.gpu_layers, a.flash_attn)
+
+
+def open_engine(cfg: EngineConfig, **context_overrides):
+    from localspec import store
+    from localspec.engine import Context, Model
+    from localspec.engine.context import ContextConfig
+
+    model = Model(store.resolve(cfg.model), n_gpu_layers=cfg.n_gpu_layers)
+    ctx = Context(model, ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads,
+                                       flash_attn=cfg.flash_attn, **context_overrides))
+    return model, ctx
+
+
+def cmd_generate(a: argparse.Namespace) -> None:
+    from localspec.engine.text import StreamDecoder, chat_tokens
+    from localspec.generate import GenerationStats, generate
+    from localspec.sampling import SamplingConfig
+
+    prompt = sys.stdin.read() if a.prompt == "-" else a.prompt
+    cfg = GenerateConfig(engine_config(a), prompt, a.max_tokens, a.chat)
+    sampling = SamplingConfig(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
+                              min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed)
+    model, ctx = open_engine(cfg.engine)
+    tokens = (chat_tokens(model, [{"role": "user", "content": cfg.prompt}]) if cfg.chat
+              else model.tokenize(cfg.prompt))
+    stats = GenerationStats()
+    out = StreamDecoder(model)
+    for token in generate(ctx, tokens, cfg.max_tokens, sampling, stats):
+        if not model.is_eog(token):
+            sys.stdout.write(out.feed(token))
+            sys.stdout.flush()
+    sys.stdout.write(out.flush() + "\n")
+    sys.stdout.flush()
+    print(stats.summary(), file=sys.stderr)
+
+
+def cmd_pull(a: argparse.Namespace) -> None:
+    from localspec import store
+    path = (store.add_local(a.name, a.as_name) if store.looks_like_path(a.name)
+            else store.pull(a.name, force=a.force))
+    print(f"{path}")
+
+
+def cmd_models(a: argparse.Namespace) -> None:
+    from localspec import store
+    rows = store.listing()
+    print(f"{'name':32} {'size':>9}  {'on disk':>9}  description")
+    for name, size, on_disk, desc in rows:
+        print(f"{name:32} {_mb(size):>9}  {_mb(on_disk) if on_disk else '-':>9}  {desc}")
+    print(f"store: {store.store_dir()} ({_mb(store.disk_usage())} used)")
+
+
+def cmd_rm(a: argparse.Namespace) -> None:
+    from localspec import store
+    print(f"removed {store.remove(a.name)}")
+
+
+def cmd_cost(a: argparse.Namespace) -> None:
+    from localspec.engine.cost import cache_path, cost_curve
+    _, ctx = open_engine(engine_config(a))
+    curve = cost_curve(ctx, a.max_batch, refresh=a.refresh)
+    print(f"cost curve of {ctx.model.path.name} ({ctx.config.n_threads or 'all'} threads, "
+          f"after {curve.n_context} tokens of context; cached in {cache_path(ctx)})")
+    print("| batch | ms/forward | × batch of 1 |\n|---:|---:|---:|")
+    for n in range(1, len(curve.seconds) + 1):
+        print(f"| {n} | {curve.cost(n) * 1e3:.1f} | {curve.ratio(n):.2f} |")
+
+
+def _mb(n: int | None) -> str:
+    return f"{n / 1e6:.0f} MB" if n is not None else "-"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="localspec", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text from a prompt, streaming")
+    add_engine_args(g)
+    g.add_argument("prompt", help="the prompt ('-' reads standard input)")
+    g.add_argument("--max-tokens", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
+    g.add_argument("--top-k", type=int, default=40)
+    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("--min-p", type=float, default=0.05)
+    g.add_argument("--repeat-penalty", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.set_defaults(func=cmd_generate)
+
+    pl = sub.add_parser("pull", help="download a model into the store (or import a local .gguf)")
+    pl.add_argument("name", help="registry name, or path to a .gguf to import")
+    pl.add_argument("--name", dest="as_name", help="store name for an imported .gguf")
+    pl.add_argument("--force", action="store_true", help="download again even if present")
+    pl.set_defaults(func=cmd_pull)
+
+    sub.add_parser("models", help="list known and stored models").set_defaults(func=cmd_models)
+
+    r = sub.add_parser("rm", help="remove a stored model")
+    r.add_argument("name")
+    r.set_defaults(func=cmd_rm)
+
+    c = sub.add_parser("cost", help="measure (or show the cached) cost curve of a model")
+    add_engine_args(c)
+    c.add_argument("--max-batch", type=int, default=16)
+    c.add_argument("--refresh", action="store_true", help="measure again")
+    c.set_defaults(func=cmd_cost)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        args.func(args)
+    except LocalspecError as e:
+        print(f"localspec: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nlocalspec: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""A llama.cpp context: batch decode with per-token positions and sequence sets, zero-copy
+views of logits and hidden states, KV-cache operations and a prefix cache."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import llama_cpp as ll
+import numpy as np
+
+from localspec import _native
+from localspec.engine.model import Model
+from localspec.errors import LocalspecError
+
+FLASH_ATTN = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+              "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+
+
+def default_threads() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    n_ctx: int = 4096          # tokens of KV cache shared by all sequences (unified)
+    n_batch: int = 512         # most tokens one decode call may carry
+    n_ubatch: int = 512        # physical batch llama.cpp computes at once
+    n_seq_max: int = 1         # sequences: one per root-to-leaf path of a draft tree
+    n_threads: int = 0         # 0: all cores
+    flash_attn: str = "auto"   # auto | on | off
+    embeddings: bool = False   # also return final hidden states (the LM-head input)
+
+
+class Context:
+    """Owns a llama_context. Sequence 0 is the main sequence; `tokens` is what its KV holds,
+    which is what the prefix cache compares a new prompt against."""
+
+    def __init__(self, model: Model, config: ContextConfig = ContextConfig()):
+        self.model = model
+        self.config = config
+        p = ll.llama_context_default_params()
+        p.n_ctx = config.n_ctx
+        p.n_batch = config.n_batch
+        p.n_ubatch = min(config.n_ubatch, config.n_batch)
+        p.n_seq_max = config.n_seq_max
+        p.kv_unified = True  # one KV buffer: sequence masks over it are tree-attention masks
+        p.n_threads = p.n_threads_batch = config.n_threads or default_threads()
+        p.flash_attn_type = FLASH_ATTN[config.flash_attn]
+        p.embeddings = config.embeddings
+        p.no_perf = True
+        ptr = ll.llama_init_from_model(model.ptr, p)
+        if not ptr:
+            raise LocalspecError(f"cannot create a llama.cpp context for {model.path} "
+                                 f"(n_ctx={config.n_ctx}, n_seq_max={config.n_seq_max})")
+        self.ptr = ptr
+        self.n_ctx = ll.llama_n_ctx(ptr)
+        self.mem = ll.llama_get_memory(ptr)
+        self.tokens: list[int] = []  # what sequence 0's KV cache holds, position by position
+        self._one = (np.zeros(1, np.int32), np.zeros(1, np.int32), np.array([0, 1], np.int32),
+                     np.zeros(1, np.int32), np.ones(1, np.int8))
+
+    def close(self) -> None:
+        if self.ptr:
+            ll.llama_free(self.ptr)
+            self.ptr = None
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- decode ---------------------------------------------------------------------------
+
+    def decode(self, tokens: Sequence[int], pos: Sequence[int],
+               seq_ids: Sequence[Sequence[int]] | None = None,
+               outputs: Sequence[bool] | None = None) -> None:
+        """One llama_decode. Token i sits at pos[i] in every sequence of seq_ids[i] (default:
+        sequence 0) and has its logits kept when outputs[i] (default: the last token only).
+        Does not touch `tokens`; callers that extend sequence 0 use `prefill`/`append`."""
+        n = len(tokens)
+        if n == 0:
+            return
+        if n > self.config.n_batch:
+            raise LocalspecError(f"batch of {n} tokens exceeds n_batch={self.config.n_batch}")
+        if seq_ids is None:
+            offsets = np.arange(n + 1, dtype=np.int32)
+            flat = np.zeros(n, np.int32)
+        else:
+            offsets = np.zeros(n + 1, np.int32)
+            np.cumsum([len(s) for s in seq_ids], out=offsets[1:])
+            flat = np.fromiter((s for ss in seq_ids for s in ss), np.int32, int(offsets[-1]))
+        if outputs is None:
+            out = np.zeros(n, np.int8)
+            out[-1] = 1
+        else:
+            out = np.asarray(outputs, dtype=np.int8)
+        self._decode(np.asarray(tokens, np.int32), np.asarray(pos, np.int32), offsets, flat, out)
+
+    def _decode(self, tokens, pos, offsets, flat, out) -> None:
+        status = _native.decode(self.ptr, tokens, pos, offsets, flat, out)
+        if status != 0:
+            why = {1: "no KV-cache slot (context full?)", 2: "aborted"}.get(status, "failed")
+            raise LocalspecError(f"llama_decode {why} (status {status}, {len(tokens)} tokens)")
+
+    def append(self, token: int) -> None:
+        """Decode one token at the end of sequence 0, keeping its logits at row 0."""
+        t, p, offsets, flat, out = self._one
+        t[0] = token
+        p[0] = len(self.tokens)
+        self._check_room(1)
+        self._decode(t, p, offsets, flat, out)
+        self.tokens.append(token)
+
+    def prefill(self, prompt: Sequence[int]) -> int:
+        """Make sequence 0 hold `prompt`, re-using the KV entries of the longest common prefix
+        with what it holds now. Returns the batch row with the logits of the prompt's last
+        token. At least one token is always decoded, so those logits are fresh."""
+        if not prompt:
+            raise LocalspecError("empty prompt")
+        self._check_room(len(prompt) - len(self.tokens))
+        n_keep = common_prefix(self.tokens, prompt)
+        n_keep = min(n_keep, len(prompt) - 1)
+        self.truncate(n_keep)
+        step = self.config.n_batch
+        row = 0
+        for start in range(n_keep, len(prompt), step):
+            chunk = prompt[start:start + step]
+            self.decode(chunk, range(start, start + len(chunk)))
+            self.tokens.extend(chunk)
+            row = len(chunk) - 1
+        return row
+
+    def _check_room(self, n_new: int) -> None:
+        if len(self.tokens) + n_new > self.n_ctx:
+            raise LocalspecError(f"context full: {len(self.tokens) + n_new} tokens > n_ctx={self.n_ctx}"
+                                 " (raise --ctx)")
+
+    # --- outputs (views into llama.cpp's buffers: valid until the next decode) -------------
+
+    def logits(self, row: int) -> np.ndarray:
+        ptr = ll.llama_get_logits_ith(self.ptr, row)
+        if not ptr:
+            raise LocalspecError(f"no logits for batch row {row}")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+    def hidden(self, row: int) -> np.ndarray:
+        """Final hidden state (the LM-head input) of a batch row; needs embeddings=True."""
+        ptr = ll.llama_get_embeddings_ith(self.ptr, row)
+        if not ptr:
+            raise LocalspecError(f"no hidden state for batch row {row} (embeddings off?)")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_embd,))
+
+    # --- KV cache ---------------------------------------------------------------------------
+
+    def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> None:
+        """Drop positions [p0, p1) of `seq` (p1 < 0: to the end; seq < 0: every sequence)."""
+        if not ll.llama_memory_seq_rm(self.mem, seq, p0, p1):
+            raise LocalspecError(f"cannot remove positions [{p0}, {p1}) of sequence {seq}")
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        ll.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_keep(self, seq: int) -> None:
+        """Drop every sequence but `seq`."""
+        ll.llama_memory_seq_keep(self.mem, seq)
+
+    def seq_pos_max(self, seq: int) -> int:
+        return ll.llama_memory_seq_pos_max(self.mem, seq)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n positions of sequence 0 (the one place rejected tokens go)."""
+        if n < len(self.tokens):
+            self.seq_rm(0, n, -1)
+            del self.tokens[n:]
+
+    def clear(self) -> None:
+        ll.llama_memory_clear(self.mem, True)
+        self.tokens.clear()
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -1,0 +1,84 @@
+"""The cost curve: seconds for one target forward of a batch of n tokens, n = 1..N.
+
+Everything that sizes speculation plans with it. It is measured once per model, build and
+thread count on this machine and cached, because it is the machine that decides its shape
+(flat on a GPU, nearly linear on a small CPU)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import llama_cpp as ll
+import platformdirs
+
+from localspec import _native
+from localspec.engine.context import Context
+from localspec.progress import progress_bar
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    seconds: list[float]  # seconds[n-1]: one forward of n tokens after `n_context` tokens
+    n_context: int
+
+    def cost(self, n: int) -> float:
+        return self.seconds[min(n, len(self.seconds)) - 1]
+
+    def ratio(self, n: int) -> float:
+        """Cost of a batch of n relative to a single-token forward."""
+        return self.cost(n) / self.seconds[0]
+
+
+def measure(ctx: Context, max_batch: int = 16, n_context: int = 256, repeats: int = 5) -> CostCurve:
+    """Time batches of 1..max_batch tokens (all rows output, as in verification) after a
+    context of n_context tokens. Sizes are interleaved within each repeat so drift in the
+    machine's speed spreads over all of them; the median of the repeats is kept."""
+    ctx.clear()
+    filler = [100 + (i * 7919) % (ctx.model.n_vocab - 200) for i in range(n_context + max_batch)]
+    ctx.prefill(filler[:n_context])
+    times: dict[int, list[float]] = {n: [] for n in range(1, max_batch + 1)}
+    with progress_bar("measuring cost curve", repeats * max_batch, unit="forwards") as advance:
+        for _ in range(repeats + 1):  # the first round warms caches and is discarded
+            for n in range(1, max_batch + 1):
+                t0 = time.perf_counter()
+                ctx.decode(filler[n_context:n_context + n], range(n_context, n_context + n),
+                           outputs=[True] * n)
+                dt = time.perf_counter() - t0
+                ctx.seq_rm(0, n_context, -1)
+                times[n].append(dt)
+            advance(max_batch)
+    ctx.clear()
+    return CostCurve([statistics.median(times[n][1:]) for n in sorted(times)], n_context)
+
+
+def cache_key(ctx: Context) -> str:
+    st = ctx.model.path.stat()
+    parts = [str(ctx.model.path.resolve()), str(st.st_size), str(st.st_mtime_ns), ll.__version__,
+             _native.system_info(), str(ctx.config.n_threads), ctx.config.flash_attn,
+             str(ctx.model.n_gpu_layers)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def cache_path(ctx: Context) -> Path:
+    return Path(platformdirs.user_cache_dir("localspec")) / "cost" / f"{cache_key(ctx)}.json"
+
+
+def cost_curve(ctx: Context, max_batch: int = 16, refresh: bool = False) -> CostCurve:
+    """The cached curve for this model, build and settings; measured on first use."""
+    path = cache_path(ctx)
+    if path.exists() and not refresh:
+        data = json.loads(path.read_text())
+        if len(data["seconds"]) >= max_batch:
+            return CostCurve(data["seconds"], data["n_context"])
+    curve = measure(ctx, max_batch)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = asdict(curve) | {"model": str(ctx.model.path), "llama_cpp": ll.__version__}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+    return curve

@@ -1,0 +1,156 @@
+"""A loaded GGUF model: weights, vocabulary and metadata (llama.cpp's llama_model)."""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as ll
+
+from localspec.errors import LocalspecError
+
+GGUF_MAGIC = b"GGUF"
+
+# llama.cpp logs through one process-wide callback; keep its recent errors so a failed load
+# can say why in one line, and stay quiet otherwise unless LOCALSPEC_VERBOSE is set.
+_recent_log: collections.deque[str] = collections.deque(maxlen=20)
+
+
+@ll.llama_log_callback
+def _log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", "replace")
+    if level in (2, 3):  # warn, error
+        _recent_log.append(line.strip())
+    if os.environ.get("LOCALSPEC_VERBOSE"):
+        print(line, end="", file=__import__("sys").stderr)
+
+
+ll.llama_log_set(_log, ctypes.c_void_p(0))
+ll.llama_backend_init()
+
+
+def check_gguf(path: Path) -> None:
+    """Fail with one clear line when `path` cannot be a GGUF model."""
+    if not path.exists():
+        raise LocalspecError(f"model file not found: {path}")
+    if not path.is_file():
+        raise LocalspecError(f"not a file: {path}")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise LocalspecError(f"not a GGUF file (bad magic {magic!r}): {path}")
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    bos: int
+    eos: int
+    eot: int
+    fim_pre: int
+    fim_suf: int
+    fim_mid: int
+    fim_pad: int
+    fim_rep: int
+    fim_sep: int
+
+
+class Model:
+    """Owns a llama_model. Tokenization lives here because it needs only the vocabulary."""
+
+    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0):
+        self.path = Path(path)
+        self.n_gpu_layers = n_gpu_layers
+        check_gguf(self.path)
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        _recent_log.clear()
+        ptr = ll.llama_model_load_from_file(str(self.path).encode(), params)
+        if not ptr:
+            why = next((m for m in reversed(_recent_log) if m), "llama.cpp could not load it")
+            raise LocalspecError(f"cannot load {self.path}: {why}")
+        self.ptr = ptr
+        self.vocab = ll.llama_model_get_vocab(ptr)
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.n_embd = ll.llama_model_n_embd(ptr)
+        self.n_ctx_train = ll.llama_model_n_ctx_train(ptr)
+        self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
+        v = self.vocab
+        self.special = SpecialTokens(
+            bos=ll.llama_vocab_bos(v), eos=ll.llama_vocab_eos(v), eot=ll.llama_vocab_eot(v),
+            fim_pre=ll.llama_vocab_fim_pre(v), fim_suf=ll.llama_vocab_fim_suf(v),
+            fim_mid=ll.llama_vocab_fim_mid(v), fim_pad=ll.llama_vocab_fim_pad(v),
+            fim_rep=ll.llama_vocab_fim_rep(v), fim_sep=ll.llama_vocab_fim_sep(v),
+        )
+        self._piece_cache: dict[int, bytes] = {}
+
+    def close(self) -> None:
+        if self.ptr:
+            ll.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- metadata -------------------------------------------------------------------------
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = ll.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            ll.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    @property
+    def architecture(self) -> str:
+        return self.meta("general.architecture") or "unknown"
+
+    @property
+    def name(self) -> str:
+        return self.meta("general.name") or self.path.stem
+
+    @property
+    def chat_template(self) -> str | None:
+        ptr = ll.llama_model_chat_template(self.ptr, None)
+        return ptr.decode("utf-8") if ptr else None
+
+    # --- tokens ---------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (ll.llama_token * n_max)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:  # buffer too small: llama.cpp says how much it needs
+            n_max = -n
+            buf = (ll.llama_token * n_max)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        """The raw bytes of one token (may be part of a UTF-8 character)."""
+        key = token if not special else -1 - token
+        piece = self._piece_cache.get(key)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+            piece = buf.raw[:n]
+            self._piece_cache[key] = piece
+        return piece
+
+    def detokenize(self, tokens: list[int], special: bool = False) -> str:
+        return b"".join(self.token_bytes(t, special) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self.vocab, token))

@@ -1,0 +1,2 @@
+class LocalspecError(Exception):
+    """A problem the user can act on; the CLI prints it as one line."""

@@ -1,0 +1,55 @@
+"""Sampling settings, and the native sampler every decoder and verifier draws through."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+import numpy as np
+
+from localspec import _native
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0    # 0: greedy
+    top_k: int = 40             # 0: off
+    top_p: float = 0.95         # 1: off
+    min_p: float = 0.05         # 0: off
+    repeat_penalty: float = 1.0  # 1: off
+    repeat_last_n: int = 64
+    seed: int | None = None     # None: a fresh random seed
+
+    def native(self) -> _native.SamplingParams:
+        p = _native.SamplingParams()
+        p.temperature = self.temperature
+        p.top_k = self.top_k
+        p.top_p = self.top_p
+        p.min_p = self.min_p
+        p.repeat_penalty = self.repeat_penalty
+        p.repeat_last_n = self.repeat_last_n
+        return p
+
+
+class TokenSampler:
+    """A native sampler, its random stream, and the recent-token window penalties look at."""
+
+    def __init__(self, config: SamplingConfig, history: list[int] | None = None):
+        self.config = config
+        self.sampler = _native.Sampler(config.native())
+        seed = config.seed if config.seed is not None else secrets.randbits(63)
+        self.rng = _native.Rng(seed)
+        self.window = max(config.repeat_last_n, 0) if config.repeat_penalty != 1.0 else 0
+        self.history = np.zeros(0, np.int32)
+        if history:
+            self.extend(history)
+
+    def extend(self, tokens: list[int]) -> None:
+        if self.window:
+            self.history = np.concatenate([self.history, np.asarray(tokens, np.int32)])[-self.window:]
+
+    def sample(self, logits: np.ndarray) -> int:
+        return self.sampler.sample(logits, self.history, self.rng)
+
+    def distribution(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.sampler.distribution(logits, self.history)

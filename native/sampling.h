@@ -1,0 +1,56 @@
+// The one sampling transform of localspec: a row of llama.cpp logits -> the exact
+// distribution a token is drawn from. Plain generation and every verifier use it.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace ls {
+
+struct sampling_params {
+    float temperature    = 0.0f;  // <= 0: greedy (argmax, lowest id wins a tie)
+    int   top_k          = 40;    // <= 0 or >= n_vocab: off
+    float top_p          = 0.95f; // >= 1: off
+    float min_p          = 0.05f; // <= 0: off
+    float repeat_penalty = 1.0f;  // 1: off; applied to tokens seen in the last repeat_last_n
+    int   repeat_last_n  = 64;
+};
+
+// Candidates in descending probability (ties: ascending id); probs sum to 1.
+struct distribution {
+    std::vector<int32_t> ids;
+    std::vector<float>   probs;
+};
+
+// Uniform draws that are the same on every platform for the same seed
+// (std::uniform_real_distribution is implementation-defined).
+class rng {
+public:
+    explicit rng(uint64_t seed) : gen_(seed) {}
+    double uniform() { return double(gen_() >> 11) * 0x1.0p-53; }  // [0, 1)
+private:
+    std::mt19937_64 gen_;
+};
+
+class sampler {
+public:
+    explicit sampler(const sampling_params & params) : params_(params) {}
+
+    const sampling_params & params() const { return params_; }
+    bool greedy() const { return params_.temperature <= 0.0f; }
+
+    // The order is llama.cpp's default chain: penalties, top-k, top-p, min-p, temperature.
+    // `logits` is read in place; penalised entries are patched and restored before return.
+    void transform(float * logits, int32_t n_vocab, const int32_t * history, int32_t n_history,
+                   distribution & out);
+
+    int32_t draw(const distribution & dist, rng & r) const;
+
+private:
+    sampling_params params_;
+    std::vector<std::pair<int32_t, float>> saved_;   // penalised entries to restore
+    std::vector<std::pair<float, int32_t>> scratch_; // (logit, id) candidates
+};
+
+}  // namespace ls
