@@ -1,5 +1,7 @@
 """The target engine on real models: decoding exactly like llama.cpp."""
 
+import ctypes
+
 import llama_cpp
 import numpy as np
 import pytest
@@ -95,7 +97,7 @@ def test_logits_and_hidden_are_views_into_llama_buffers(small_model):
         logits, hidden = ctx.logits(row), ctx.hidden(row)
         assert logits.shape == (small_model.n_vocab,) and hidden.shape == (small_model.n_embd,)
         addr = llama_cpp.llama_get_logits_ith(ctx.ptr, row)
-        assert logits.ctypes.data == llama_cpp.cast(addr, llama_cpp.c_void_p).value
+        assert logits.ctypes.data == ctypes.cast(addr, ctypes.c_void_p).value
         assert not logits.flags.owndata and np.isfinite(hidden).all()
 
 

@@ -23,11 +23,12 @@ def localspec(*args, home=None, timeout=300):
 
 def assert_one_line_error(result, *needles):
     assert result.returncode != 0
+    # Progress lines may come first; the error is the last line, alone, with no traceback.
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("localspec: error:"), lines[0]
+    assert lines[-1].startswith("localspec: error:"), result.stderr
+    assert "Traceback" not in result.stderr and sum("error" in l for l in lines) == 1, result.stderr
     for n in needles:
-        assert n in lines[0], lines[0]
+        assert n in lines[-1], lines[-1]
 
 
 @pytest.fixture
