@@ -29,9 +29,9 @@ class GenerationStats:
 
 def generate(ctx: Context, prompt: Sequence[int], max_tokens: int,
              sampling: SamplingConfig = SamplingConfig(),
-             stats: GenerationStats | None = None) -> Iterator[int]:
+             stats: GenerationStats | None = None, stop_at_eog: bool = True) -> Iterator[int]:
     """Yield up to `max_tokens` tokens, one target forward each; stops after an
-    end-of-generation token (which is yielded)."""
+    end-of-generation token (which is yielded) unless stop_at_eog is off (benchmarks)."""
     stats = stats if stats is not None else GenerationStats()
     stats.n_prompt = len(prompt)
     sampler = TokenSampler(sampling, list(prompt))
@@ -46,7 +46,7 @@ def generate(ctx: Context, prompt: Sequence[int], max_tokens: int,
         stats.n_generated += 1
         stats.t_generate = now - t0
         yield token
-        if ctx.model.is_eog(token) or i + 1 == max_tokens:
+        if (stop_at_eog and ctx.model.is_eog(token)) or i + 1 == max_tokens:
             break
         sampler.extend([token])
         ctx.append(token)

@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-import platformdirs
-
 from localspec.engine.model import check_gguf
 from localspec.errors import LocalspecError
+from localspec.paths import data_dir
 from localspec.progress import progress_bar
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
@@ -40,8 +39,7 @@ class ModelEntry:
 
 
 def store_dir() -> Path:
-    root = os.environ.get("LOCALSPEC_HOME") or platformdirs.user_data_dir("localspec")
-    return Path(root) / "models"
+    return data_dir() / "models"
 
 
 def _builtin_registry() -> dict:

@@ -174,3 +174,16 @@ def test_qwen_metadata_has_fim_tokens(qwen_model):
     assert qwen_model.architecture == "qwen2"
     assert min(s.fim_pre, s.fim_suf, s.fim_mid) >= 0
     assert qwen_model.detokenize([s.fim_pre], special=True) == "<|fim_prefix|>"
+
+
+def test_cost_curve_is_measured_once_and_cached(small_model, tmp_path, monkeypatch):
+    from localspec.engine.cost import cache_path, cost_curve
+
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    with Context(small_model, ContextConfig(n_ctx=512, n_threads=2)) as ctx:
+        curve = cost_curve(ctx, max_batch=6, repeats=2)
+        assert len(curve.seconds) == 6 and all(s > 0 for s in curve.seconds)
+        assert curve.ratio(1) == 1.0
+        assert cache_path(ctx).exists() and str(tmp_path) in str(cache_path(ctx))
+        assert cost_curve(ctx, max_batch=6) == curve  # read back, not measured again
+        assert ctx.tokens == []  # the measurement leaves the context empty

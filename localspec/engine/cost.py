@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import llama_cpp as ll
-import platformdirs
 
 from localspec import _native
 from localspec.engine.context import Context
+from localspec.paths import cache_dir
 from localspec.progress import progress_bar
 
 
@@ -65,17 +65,17 @@ def cache_key(ctx: Context) -> str:
 
 
 def cache_path(ctx: Context) -> Path:
-    return Path(platformdirs.user_cache_dir("localspec")) / "cost" / f"{cache_key(ctx)}.json"
+    return cache_dir() / "cost" / f"{cache_key(ctx)}.json"
 
 
-def cost_curve(ctx: Context, max_batch: int = 16, refresh: bool = False) -> CostCurve:
+def cost_curve(ctx: Context, max_batch: int = 16, refresh: bool = False, repeats: int = 5) -> CostCurve:
     """The cached curve for this model, build and settings; measured on first use."""
     path = cache_path(ctx)
     if path.exists() and not refresh:
         data = json.loads(path.read_text())
         if len(data["seconds"]) >= max_batch:
             return CostCurve(data["seconds"], data["n_context"])
-    curve = measure(ctx, max_batch)
+    curve = measure(ctx, max_batch, repeats=repeats)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = asdict(curve) | {"model": str(ctx.model.path), "llama_cpp": ll.__version__}
     tmp = path.with_suffix(".tmp")
