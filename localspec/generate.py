@@ -37,6 +37,7 @@ def generate(ctx: Context, prompt: Sequence[int], max_tokens: int,
     sampler = TokenSampler(sampling, list(prompt))
     t0 = time.perf_counter()
     row = ctx.prefill(prompt)
+    max_tokens = min(max_tokens, ctx.n_ctx - len(prompt) + 1)  # stop where the context ends
     for i in range(max_tokens):
         token = sampler.sample(ctx.logits(row))
         now = time.perf_counter()

@@ -88,7 +88,7 @@ def looks_like_path(spec: str) -> bool:
 
 def resolve(spec: str, pull_missing: bool = True) -> Path:
     """A registry name or a GGUF path -> the GGUF file to load, pulling it if need be."""
-    if looks_like_path(spec):
+    if spec not in registry() and (looks_like_path(spec) or Path(spec).exists()):
         path = Path(spec).expanduser()
         check_gguf(path)
         return path

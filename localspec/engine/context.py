@@ -120,7 +120,7 @@ class Context:
         token. At least one token is always decoded, so those logits are fresh."""
         if not prompt:
             raise LocalspecError("empty prompt")
-        self._check_room(len(prompt) - len(self.tokens))
+        self._check_room(len(prompt), fresh=True)
         n_keep = common_prefix(self.tokens, prompt)
         n_keep = min(n_keep, len(prompt) - 1)
         self.truncate(n_keep)
@@ -133,10 +133,10 @@ class Context:
             row = len(chunk) - 1
         return row
 
-    def _check_room(self, n_new: int) -> None:
-        if len(self.tokens) + n_new > self.n_ctx:
-            raise LocalspecError(f"context full: {len(self.tokens) + n_new} tokens > n_ctx={self.n_ctx}"
-                                 " (raise --ctx)")
+    def _check_room(self, n_new: int, fresh: bool = False) -> None:
+        n = n_new + (0 if fresh else len(self.tokens))
+        if n > self.n_ctx:
+            raise LocalspecError(f"context full: {n} tokens > n_ctx={self.n_ctx} (raise --ctx)")
 
     # --- outputs (views into llama.cpp's buffers: valid until the next decode) -------------
 

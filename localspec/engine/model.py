@@ -22,7 +22,7 @@ _recent_log: collections.deque[str] = collections.deque(maxlen=20)
 @ll.llama_log_callback
 def _log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     line = text.decode("utf-8", "replace")
-    if level in (2, 3):  # warn, error
+    if level == 4:  # GGML_LOG_LEVEL_ERROR
         _recent_log.append(line.strip())
     if os.environ.get("LOCALSPEC_VERBOSE"):
         print(line, end="", file=__import__("sys").stderr)
@@ -69,7 +69,8 @@ class Model:
         _recent_log.clear()
         ptr = ll.llama_model_load_from_file(str(self.path).encode(), params)
         if not ptr:
-            why = next((m for m in reversed(_recent_log) if m), "llama.cpp could not load it")
+            why = next((m.split("error loading model: ", 1)[1] for m in _recent_log
+                        if "error loading model: " in m), "llama.cpp could not load it")
             raise LocalspecError(f"cannot load {self.path}: {why}")
         self.ptr = ptr
         self.vocab = ll.llama_model_get_vocab(ptr)
