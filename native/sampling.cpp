@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
 namespace ls {
 
@@ -33,6 +32,25 @@ void restore(float * logits, const std::vector<std::pair<int32_t, float>> & save
     for (const auto & s : saved) logits[s.first] = s.second;
 }
 
+// The k best (logit, id) pairs, best first: one pass over the row with a bounded heap
+// whose front is the worst candidate kept so far.
+void select_top_k(const float * logits, int32_t n_vocab, int32_t k,
+                  std::vector<std::pair<float, int32_t>> & out) {
+    out.clear();
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        const std::pair<float, int32_t> c{logits[i], i};
+        if (int32_t(out.size()) < k) {
+            out.push_back(c);
+            std::push_heap(out.begin(), out.end(), before);
+        } else if (before(c, out.front())) {
+            std::pop_heap(out.begin(), out.end(), before);
+            out.back() = c;
+            std::push_heap(out.begin(), out.end(), before);
+        }
+    }
+    std::sort_heap(out.begin(), out.end(), before);
+}
+
 }  // namespace
 
 void sampler::transform(float * logits, int32_t n_vocab, const int32_t * history,
@@ -43,9 +61,10 @@ void sampler::transform(float * logits, int32_t n_vocab, const int32_t * history
     out.probs.clear();
 
     if (greedy()) {
-        int32_t best = 0;
+        int32_t best   = 0;
+        float   best_l = logits[0];
         for (int32_t i = 1; i < n_vocab; ++i) {
-            if (logits[i] > logits[best]) best = i;
+            if (logits[i] > best_l) { best_l = logits[i]; best = i; }
         }
         restore(logits, saved_);
         out.ids.push_back(best);
@@ -53,28 +72,38 @@ void sampler::transform(float * logits, int32_t n_vocab, const int32_t * history
         return;
     }
 
-    // top-k: keep the k best (logit, id) pairs; all of them when top-k is off.
+    // Candidates best first, and `sum`, the temperature-1 softmax normaliser over everything
+    // top-k kept: top-p measures mass against it.
     const int32_t k = (p.top_k <= 0 || p.top_k >= n_vocab) ? n_vocab : p.top_k;
-    scratch_.resize(n_vocab);
-    for (int32_t i = 0; i < n_vocab; ++i) scratch_[i] = {logits[i], i};
-    restore(logits, saved_);
-    std::partial_sort(scratch_.begin(), scratch_.begin() + k, scratch_.end(), before);
-    scratch_.resize(k);
-
-    // top-p and min-p act on the temperature-1 softmax of what top-k kept.
-    const float max_logit = scratch_[0].first;
+    float  max_logit;
     double sum = 0.0;
-    std::vector<float> & w = out.probs;
-    w.resize(k);
-    for (int32_t i = 0; i < k; ++i) {
-        w[i] = std::exp(scratch_[i].first - max_logit);
-        sum += w[i];
+    if (k < n_vocab) {
+        select_top_k(logits, n_vocab, k, scratch_);
+        max_logit = scratch_[0].first;
+        for (const auto & c : scratch_) sum += std::exp(c.first - max_logit);
+    } else {
+        // Top-p and min-p both keep a prefix of the sorted order, so a token min-p will cut
+        // need not be sorted at all: only the survivors are.
+        max_logit = *std::max_element(logits, logits + n_vocab);
+        scratch_.clear();
+        for (int32_t i = 0; i < n_vocab; ++i) {
+            const float e = std::exp(logits[i] - max_logit);
+            sum += e;
+            if (e >= p.min_p) scratch_.emplace_back(logits[i], i);
+        }
+        std::sort(scratch_.begin(), scratch_.end(), before);
     }
-    int32_t n_keep = k;
+    restore(logits, saved_);
+
+    const int32_t n_cand = int32_t(scratch_.size());
+    std::vector<float> & w = out.probs;
+    w.resize(n_cand);
+    for (int32_t i = 0; i < n_cand; ++i) w[i] = std::exp(scratch_[i].first - max_logit);
+    int32_t n_keep = n_cand;
     if (p.top_p < 1.0f) {
         // Smallest prefix whose mass reaches top_p (at least one token).
         double cum = 0.0;
-        for (int32_t i = 0; i < k; ++i) {
+        for (int32_t i = 0; i < n_cand; ++i) {
             cum += w[i] / sum;
             if (cum >= p.top_p) { n_keep = i + 1; break; }
         }

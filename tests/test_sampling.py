@@ -38,6 +38,7 @@ CONFIGS = [
     SamplingConfig(temperature=1.3, top_k=10, top_p=1.0, min_p=0.0),
     SamplingConfig(temperature=0.5, top_k=0, top_p=0.8, min_p=0.0),
     SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.1),
+    SamplingConfig(temperature=0.8, top_k=0, top_p=0.9, min_p=0.05),
     SamplingConfig(temperature=0.9, top_k=50, top_p=0.9, min_p=0.02, repeat_penalty=1.3),
 ]
 
