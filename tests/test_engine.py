@@ -187,3 +187,4 @@ def test_cost_curve_is_measured_once_and_cached(small_model, tmp_path, monkeypat
         assert cache_path(ctx).exists() and str(tmp_path) in str(cache_path(ctx))
         assert cost_curve(ctx, max_batch=6) == curve  # read back, not measured again
         assert ctx.tokens == []  # the measurement leaves the context empty
+        assert all(a <= b for a, b in zip(curve.seconds, curve.seconds[1:]))

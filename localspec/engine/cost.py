@@ -34,7 +34,7 @@ class CostCurve:
         return self.cost(n) / self.seconds[0]
 
 
-def measure(ctx: Context, max_batch: int = 16, n_context: int = 256, repeats: int = 5) -> CostCurve:
+def measure(ctx: Context, max_batch: int = 16, n_context: int = 256, repeats: int = 7) -> CostCurve:
     """Time batches of 1..max_batch tokens (all rows output, as in verification) after a
     context of n_context tokens. Sizes are interleaved within each repeat so drift in the
     machine's speed spreads over all of them; the median of the repeats is kept."""
@@ -53,7 +53,12 @@ def measure(ctx: Context, max_batch: int = 16, n_context: int = 256, repeats: in
                 times[n].append(dt)
             advance(max_batch)
     ctx.clear()
-    return CostCurve([statistics.median(times[n][1:]) for n in sorted(times)], n_context)
+    seconds = [statistics.median(times[n][1:]) for n in sorted(times)]
+    # A batch of n never costs more than one of n+1 (padding it would do), so where noise says
+    # otherwise the larger batch's time is the better estimate.
+    for i in range(len(seconds) - 2, -1, -1):
+        seconds[i] = min(seconds[i], seconds[i + 1])
+    return CostCurve(seconds, n_context)
 
 
 def cache_key(ctx: Context) -> str:
@@ -68,7 +73,7 @@ def cache_path(ctx: Context) -> Path:
     return cache_dir() / "cost" / f"{cache_key(ctx)}.json"
 
 
-def cost_curve(ctx: Context, max_batch: int = 16, refresh: bool = False, repeats: int = 5) -> CostCurve:
+def cost_curve(ctx: Context, max_batch: int = 16, refresh: bool = False, repeats: int = 7) -> CostCurve:
     """The cached curve for this model, build and settings; measured on first use."""
     path = cache_path(ctx)
     if path.exists() and not refresh:
