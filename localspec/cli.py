@@ -10,20 +10,12 @@ from localspec.errors import LocalspecError
 
 
 @dataclass(frozen=True)
-class EngineConfig:
-    model: str
-    n_ctx: int = 4096
-    threads: int = 0
-    n_gpu_layers: int = 0
-    flash_attn: str = "auto"
-
-
-@dataclass(frozen=True)
 class GenerateConfig:
-    engine: EngineConfig
     prompt: str
     max_tokens: int = 256
     chat: bool = False
+    drafter: str = "none"
+    strict: bool = False
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -37,36 +29,32 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto")
 
 
-def engine_config(a: argparse.Namespace) -> EngineConfig:
+def engine_config(a: argparse.Namespace):
+    from localspec.session import EngineConfig
     return EngineConfig(a.model, a.ctx, a.threads, a.gpu_layers, a.flash_attn)
 
 
-def open_engine(cfg: EngineConfig, **context_overrides):
-    from localspec import store
-    from localspec.engine import Context, Model
-    from localspec.engine.context import ContextConfig
-
-    model = Model(store.resolve(cfg.model), n_gpu_layers=cfg.n_gpu_layers)
-    ctx = Context(model, ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads,
-                                       flash_attn=cfg.flash_attn, **context_overrides))
-    return model, ctx
+def sampling_config(a: argparse.Namespace):
+    from localspec.sampling import SamplingConfig
+    return SamplingConfig(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
+                          min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed)
 
 
 def cmd_generate(a: argparse.Namespace) -> None:
     from localspec.engine.text import StreamDecoder, chat_tokens
-    from localspec.generate import GenerationStats, generate
-    from localspec.sampling import SamplingConfig
+    from localspec.session import Session
+    from localspec.speculative import SpecStats
 
     prompt = sys.stdin.read() if a.prompt == "-" else a.prompt
-    cfg = GenerateConfig(engine_config(a), prompt, a.max_tokens, a.chat)
-    sampling = SamplingConfig(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
-                              min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed)
-    model, ctx = open_engine(cfg.engine)
+    cfg = GenerateConfig(prompt, a.max_tokens, a.chat, a.drafter, a.strict)
+    session = Session(engine_config(a))
+    model = session.model
     tokens = (chat_tokens(model, [{"role": "user", "content": cfg.prompt}]) if cfg.chat
               else model.tokenize(cfg.prompt))
-    stats = GenerationStats()
+    stats = SpecStats()
     out = StreamDecoder(model)
-    for token in generate(ctx, tokens, cfg.max_tokens, sampling, stats):
+    for token in session.generate(tokens, cfg.max_tokens, sampling_config(a), cfg.drafter, stats,
+                                  cfg.strict):
         if not model.is_eog(token):
             sys.stdout.write(out.feed(token))
             sys.stdout.flush()
@@ -98,13 +86,15 @@ def cmd_rm(a: argparse.Namespace) -> None:
 
 def cmd_cost(a: argparse.Namespace) -> None:
     from localspec.engine.cost import cache_path, cost_curve
-    _, ctx = open_engine(engine_config(a))
+    from localspec.session import Session
+    ctx = Session(engine_config(a)).ctx
     curve = cost_curve(ctx, a.max_batch, refresh=a.refresh)
     print(f"cost curve of {ctx.model.path.name} ({ctx.config.n_threads or 'all'} threads, "
           f"after {curve.n_context} tokens of context; cached in {cache_path(ctx)})")
     print("| batch | ms/forward | × batch of 1 |\n|---:|---:|---:|")
     for n in range(1, len(curve.seconds) + 1):
         print(f"| {n} | {curve.cost(n) * 1e3:.1f} | {curve.ratio(n):.2f} |")
+    print(f"batched vs single-token logits differ by up to {curve.discrepancy:.4f}")
 
 
 def _mb(n: int | None) -> str:
@@ -126,6 +116,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--repeat-penalty", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--drafter", default="none",
+                   help="none | lookup | draft[:MODEL] (default draft model: qwen2.5-coder-0.5b-instruct)")
+    g.add_argument("--strict", action="store_true",
+                   help="greedy: settle near-ties with a single-token forward (bit-identical to plain)")
     g.set_defaults(func=cmd_generate)
 
     pl = sub.add_parser("pull", help="download a model into the store (or import a local .gguf)")

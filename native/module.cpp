@@ -4,11 +4,14 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstring>
 
 #include "decode.h"
+#include "ngram.h"
 #include "sampling.h"
+#include "verify.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -32,6 +35,39 @@ void check_row(const vec_in<float> & logits, const vec_in<const int32_t> & histo
     }
 }
 
+using rows_in = nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// A draft tree from numpy arrays; q arrays empty = deterministic drafts.
+ls::draft_tree make_tree(const vec_in<const int32_t> & tokens, const vec_in<const int32_t> & parents,
+                         const vec_in<const int32_t> & q_offsets, const vec_in<const int32_t> & q_ids,
+                         const vec_in<const float> & q_probs) {
+    const size_t n = tokens.shape(0);
+    if (parents.shape(0) != n) throw nb::value_error("tree: tokens and parents differ in length");
+    for (size_t i = 0; i < n; ++i) {
+        if (parents(i) < -1 || parents(i) >= int32_t(i)) {
+            throw nb::value_error("tree: every parent must come before its child");
+        }
+    }
+    ls::draft_tree t;
+    t.n_nodes = int32_t(n);
+    t.tokens  = tokens.data();
+    t.parents = parents.data();
+    if (q_offsets.shape(0) > 0) {
+        if (q_offsets.shape(0) != n + 1 || size_t(q_offsets(n)) != q_ids.shape(0) ||
+            q_ids.shape(0) != q_probs.shape(0)) {
+            throw nb::value_error("tree: draft distributions disagree in length");
+        }
+        t.q_offsets = q_offsets.data();
+        t.q_ids     = q_ids.data();
+        t.q_probs   = q_probs.data();
+    }
+    return t;
+}
+
+nb::tuple result_tuple(const ls::verify_result & r) {
+    return nb::make_tuple(r.path, r.next, r.unsettled);
+}
+
 }  // namespace
 
 NB_MODULE(_native, m) {
@@ -49,6 +85,17 @@ NB_MODULE(_native, m) {
     nb::class_<ls::rng>(m, "Rng")
         .def(nb::init<uint64_t>(), "seed"_a)
         .def("uniform", &ls::rng::uniform);
+
+    m.def(
+        "draw",
+        [](vec_in<const int32_t> ids, vec_in<const float> probs, ls::rng & r) {
+            if (ids.shape(0) != probs.shape(0) || ids.shape(0) == 0) throw nb::value_error("draw: bad distribution");
+            ls::distribution d;
+            d.ids.assign(ids.data(), ids.data() + ids.shape(0));
+            d.probs.assign(probs.data(), probs.data() + probs.shape(0));
+            return ls::draw(d, r);
+        },
+        "ids"_a, "probs"_a, "rng"_a, "Draw a token from a distribution (ids, probs).");
 
     nb::class_<ls::sampler>(m, "Sampler")
         .def(nb::init<const ls::sampling_params &>(), "params"_a)
@@ -71,7 +118,7 @@ NB_MODULE(_native, m) {
                 ls::distribution d;
                 s.transform(logits.data(), int32_t(logits.shape(0)), history.data(),
                             int32_t(history.shape(0)), d);
-                return s.draw(d, r);
+                return ls::draw(d, r);
             },
             "logits"_a, "history"_a, "rng"_a, "Transform the row and draw one token.");
 
@@ -91,6 +138,88 @@ NB_MODULE(_native, m) {
         },
         "ctx"_a, "tokens"_a, "pos"_a, "seq_offsets"_a, "seq_ids"_a, "outputs"_a,
         "One llama_decode; token i belongs to seq_ids[seq_offsets[i]:seq_offsets[i+1]].");
+
+    m.def(
+        "verify",
+        [](uintptr_t ctx, int32_t n_vocab, vec_in<const int32_t> tokens, vec_in<const int32_t> parents,
+           vec_in<const int32_t> q_offsets, vec_in<const int32_t> q_ids, vec_in<const float> q_probs,
+           ls::sampler & smp, vec_in<const int32_t> history, ls::rng & r, float tie_bound) {
+            const ls::draft_tree tree = make_tree(tokens, parents, q_offsets, q_ids, q_probs);
+            ls::verify_result res;
+            {
+                nb::gil_scoped_release release;
+                res = ls::verify_tree(reinterpret_cast<llama_context *>(ctx), n_vocab, tree, smp, r,
+                                      history.data(), int32_t(history.shape(0)), tie_bound);
+            }
+            return result_tuple(res);
+        },
+        "ctx"_a, "n_vocab"_a, "tokens"_a, "parents"_a, "q_offsets"_a, "q_ids"_a, "q_probs"_a,
+        "sampler"_a, "history"_a, "rng"_a, "tie_bound"_a = 0.0f,
+        "Verify a draft tree against the logits of the last decode (row 0: root, i + 1: node i).\n"
+        "Returns (accepted node indices, next token, unsettled).");
+
+    m.def(
+        "verify_trials",
+        [](vec_in<float> root_row, rows_in markov, vec_in<const int32_t> tokens,
+           vec_in<const int32_t> parents, vec_in<const int32_t> q_offsets, vec_in<const int32_t> q_ids,
+           vec_in<const float> q_probs, ls::sampler & smp, uint64_t seed, int64_t n_trials) {
+            ls::draft_tree tree = make_tree(tokens, parents, q_offsets, q_ids, q_probs);
+            const int32_t n_vocab = int32_t(root_row.shape(0));
+            if (markov.shape(0) != size_t(n_vocab) || markov.shape(1) != size_t(n_vocab)) {
+                throw nb::value_error("markov: one logits row per token");
+            }
+            std::vector<int32_t> out(size_t(n_trials) * 2, -1);
+            {
+                nb::gil_scoped_release release;
+                ls::rng r(seed);
+                std::vector<int32_t> drawn(tokens.data(), tokens.data() + tree.n_nodes);
+                tree.tokens = drawn.data();
+                // A Markov target: the logits after token x are markov[x], whatever came before.
+                auto row = [&](int32_t i) {
+                    return i == 0 ? root_row.data() : markov.data() + size_t(drawn[i - 1]) * n_vocab;
+                };
+                for (int64_t t = 0; t < n_trials; ++t) {
+                    if (tree.q_offsets) {  // sampled drafts: draw each node from its q afresh
+                        for (int32_t i = 0; i < tree.n_nodes; ++i) {
+                            ls::distribution q;
+                            q.ids.assign(tree.q_ids + tree.q_offsets[i], tree.q_ids + tree.q_offsets[i + 1]);
+                            q.probs.assign(tree.q_probs + tree.q_offsets[i], tree.q_probs + tree.q_offsets[i + 1]);
+                            drawn[i] = ls::draw(q, r);
+                        }
+                    }
+                    const ls::verify_result res = ls::verify_tree(row, n_vocab, tree, smp, r, nullptr, 0, 0.0f);
+                    std::vector<int32_t> emitted;
+                    for (int32_t node : res.path) emitted.push_back(drawn[node]);
+                    emitted.push_back(res.next);
+                    out[2 * t] = emitted[0];
+                    if (emitted.size() > 1) out[2 * t + 1] = emitted[1];
+                }
+            }
+            return to_numpy(out);
+        },
+        "root_row"_a, "markov"_a, "tokens"_a, "parents"_a, "q_offsets"_a, "q_ids"_a, "q_probs"_a,
+        "sampler"_a, "seed"_a, "n_trials"_a,
+        "Run the verifier n_trials times against a Markov target (root row, then markov[x] after\n"
+        "token x); sampled trees redraw their tokens from q each trial. Returns the first two\n"
+        "emitted tokens of each trial, flattened (-1: none). For the distribution tests.");
+
+    nb::class_<ls::ngram_index>(m, "NgramIndex")
+        .def(nb::init<int32_t, int32_t>(), "n_min"_a, "n_max"_a)
+        .def("extend", [](ls::ngram_index & g, vec_in<const int32_t> t) {
+            g.extend(t.data(), int32_t(t.shape(0)));
+        })
+        .def("reset", &ls::ngram_index::reset)
+        .def("__len__", &ls::ngram_index::size)
+        .def("tokens", [](const ls::ngram_index & g) { return to_numpy(g.tokens()); })
+        .def(
+            "draft",
+            [](const ls::ngram_index & g, int32_t max_nodes, int32_t max_depth, int32_t max_occurrences) {
+                const ls::ngram_draft d = g.draft(max_nodes, max_depth, max_occurrences);
+                return nb::make_tuple(to_numpy(d.tokens), to_numpy(d.parents), to_numpy(d.counts),
+                                      d.n_match, d.n_occurrences);
+            },
+            "max_nodes"_a, "max_depth"_a, "max_occurrences"_a = 32,
+            "(tokens, parents, counts, n_match, n_occurrences) of a draft tree.");
 
     m.def("system_info", []() { return std::string(llama_print_system_info()); },
           "llama.cpp's system info, as the linked library reports it.");

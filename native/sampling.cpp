@@ -129,7 +129,7 @@ void sampler::transform(float * logits, int32_t n_vocab, const int32_t * history
     }
 }
 
-int32_t sampler::draw(const distribution & dist, rng & r) const {
+int32_t draw(const distribution & dist, rng & r) {
     if (dist.ids.size() == 1) return dist.ids[0];
     const double u = r.uniform();
     double cum = 0.0;

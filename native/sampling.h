@@ -45,12 +45,13 @@ public:
     void transform(float * logits, int32_t n_vocab, const int32_t * history, int32_t n_history,
                    distribution & out);
 
-    int32_t draw(const distribution & dist, rng & r) const;
-
 private:
     sampling_params params_;
     std::vector<std::pair<int32_t, float>> saved_;   // penalised entries to restore
     std::vector<std::pair<float, int32_t>> scratch_; // (logit, id) candidates
 };
+
+// Draw from a distribution: the first id whose cumulative probability exceeds a uniform u.
+int32_t draw(const distribution & dist, rng & r);
 
 }  // namespace ls

@@ -25,6 +25,9 @@ from localspec.progress import progress_bar
 class CostCurve:
     seconds: list[float]  # seconds[n-1]: one forward of n tokens after `n_context` tokens
     n_context: int
+    # Largest |logit| difference between a batched forward and single-token forwards of the
+    # same positions: below it, two computations may rank two tokens differently.
+    discrepancy: float = 0.0
 
     def cost(self, n: int) -> float:
         return self.seconds[min(n, len(self.seconds)) - 1]
@@ -58,7 +61,29 @@ def measure(ctx: Context, max_batch: int = 16, n_context: int = 256, repeats: in
     # otherwise the larger batch's time is the better estimate.
     for i in range(len(seconds) - 2, -1, -1):
         seconds[i] = min(seconds[i], seconds[i + 1])
-    return CostCurve(seconds, n_context)
+    return CostCurve(seconds, n_context, measure_discrepancy(ctx, max_batch))
+
+
+def measure_discrepancy(ctx: Context, max_batch: int = 12, n_context: int = 64) -> float:
+    """Decode the same positions one token at a time and as batches of 2..max_batch, and
+    return the largest logit difference seen (llama.cpp's batched kernels need not give
+    the single-token results bit for bit)."""
+    ctx.clear()
+    tokens = [100 + (i * 7919) % (ctx.model.n_vocab - 200) for i in range(n_context + max_batch)]
+    ctx.prefill(tokens[:n_context])
+    single = []
+    for t in tokens[n_context:]:
+        ctx.append(t)
+        single.append(ctx.logits(0).copy())
+    ctx.truncate(n_context)
+    worst = 0.0
+    for n in range(2, max_batch + 1):
+        ctx.decode(tokens[n_context:n_context + n], range(n_context, n_context + n), outputs=[True] * n)
+        for i in range(n):
+            worst = max(worst, float(abs(ctx.logits(i) - single[i]).max()))
+        ctx.seq_rm(0, n_context, -1)
+    ctx.clear()
+    return worst
 
 
 def cache_key(ctx: Context) -> str:
@@ -78,8 +103,8 @@ def cost_curve(ctx: Context, max_batch: int = 16, refresh: bool = False, repeats
     path = cache_path(ctx)
     if path.exists() and not refresh:
         data = json.loads(path.read_text())
-        if len(data["seconds"]) >= max_batch:
-            return CostCurve(data["seconds"], data["n_context"])
+        if len(data["seconds"]) >= max_batch and "discrepancy" in data:
+            return CostCurve(data["seconds"], data["n_context"], data.get("discrepancy", 0.0))
     curve = measure(ctx, max_batch, repeats=repeats)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = asdict(curve) | {"model": str(ctx.model.path), "llama_cpp": ll.__version__}

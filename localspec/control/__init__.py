@@ -1,0 +1,1 @@
+"""Control: how much to speculate (cost-aware sizing now; the Cascade controller later)."""

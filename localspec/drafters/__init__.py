@@ -1,0 +1,41 @@
+"""Drafters: each answers one call, propose(context, max_nodes) -> DraftTree."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from localspec.verify import DraftTree, Verdict
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, context: list[int], max_nodes: int) -> DraftTree:
+        """A tree of guesses for what follows `context` (which ends with the pending root
+        token), with the drafter's estimate that each node is accepted."""
+
+    def observe(self, tree: DraftTree, verdict: Verdict) -> None:
+        """What the target accepted of the last proposal."""
+
+
+class Calibration:
+    """Scales a drafter's raw reach estimates by how often its nodes really were accepted.
+    Evidence decays every iteration, drafted or not, so the scale drifts back to the prior
+    when a drafter stops being used and it gets tried again later."""
+
+    def __init__(self, prior: float, weight: float = 4.0, decay: float = 0.97):
+        self.prior, self.weight, self.decay = prior, weight, decay
+        self.predicted = 0.0
+        self.accepted = 0.0
+
+    @property
+    def scale(self) -> float:
+        return (self.accepted + self.weight * self.prior) / (self.predicted + self.weight)
+
+    def tick(self) -> None:
+        self.predicted *= self.decay
+        self.accepted *= self.decay
+
+    def update(self, raw_reach, n_accepted: int) -> None:
+        self.predicted += float(sum(raw_reach))
+        self.accepted += n_accepted

@@ -1,0 +1,89 @@
+"""A generation session: the target, its cost curve, a drafter and the planner, wired
+together once and used for many requests (CLI, bench, later the chat and the server)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+from localspec import store
+from localspec.control.planner import Planner
+from localspec.engine import Context, Model
+from localspec.engine.context import ContextConfig
+from localspec.engine.cost import CostCurve, cost_curve
+from localspec.errors import LocalspecError
+from localspec.generate import generate
+from localspec.sampling import SamplingConfig
+from localspec.speculative import SpecStats, speculative_generate
+
+DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b-instruct"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = store.DEFAULT_MODEL
+    n_ctx: int = 4096
+    threads: int = 0
+    n_gpu_layers: int = 0
+    flash_attn: str = "auto"
+    n_seq_max: int = 8     # root-to-leaf paths a draft tree may have
+
+
+class Session:
+    """Owns the target model and context and, once asked for, drafters by spec."""
+
+    def __init__(self, cfg: EngineConfig):
+        self.cfg = cfg
+        self.model = Model(store.resolve(cfg.model), n_gpu_layers=cfg.n_gpu_layers)
+        self.ctx = Context(self.model, ContextConfig(
+            n_ctx=cfg.n_ctx, n_threads=cfg.threads, flash_attn=cfg.flash_attn, n_seq_max=cfg.n_seq_max))
+        self._curve: CostCurve | None = None
+        self._drafters: dict[tuple, object] = {}
+
+    @property
+    def curve(self) -> CostCurve:
+        if self._curve is None:
+            self._curve = cost_curve(self.ctx)
+        return self._curve
+
+    def planner(self, max_nodes: int | None = None) -> Planner:
+        return Planner(self.curve, self.cfg.n_seq_max, max_nodes)
+
+    def drafter(self, spec: str, sampling: SamplingConfig, max_nodes: int | None = None):
+        """`lookup`, `draft` or `draft:MODEL` (registry name or GGUF path); None for `none`."""
+        if spec == "none":
+            return None
+        key = (spec, sampling, max_nodes)
+        if key not in self._drafters:
+            kind, _, arg = spec.partition(":")
+            if kind == "lookup":
+                from localspec.drafters.lookup import LookupDrafter
+                d = LookupDrafter()
+            elif kind == "draft":
+                from localspec.drafters.draft_model import DraftModelDrafter
+                dm = Model(store.resolve(arg or DEFAULT_DRAFT_MODEL), n_gpu_layers=self.cfg.n_gpu_layers)
+                d = DraftModelDrafter(dm, self.model, sampling, self.planner(max_nodes),
+                                      n_ctx=self.cfg.n_ctx, n_threads=self.cfg.threads)
+            else:
+                raise LocalspecError(f"unknown drafter '{spec}' (none, lookup, draft[:MODEL])")
+            self._drafters[key] = d
+        return self._drafters[key]
+
+    def generate(self, prompt: Sequence[int], max_tokens: int, sampling: SamplingConfig,
+                 drafter: str = "none", stats: SpecStats | None = None, strict: bool = False,
+                 max_nodes: int | None = None, stop_at_eog: bool = True) -> Iterator[int]:
+        d = self.drafter(drafter, sampling, max_nodes)
+        if d is None:
+            return generate(self.ctx, prompt, max_tokens, sampling, stats, stop_at_eog)
+        if strict and sampling.temperature > 0:
+            raise LocalspecError("--strict applies to greedy decoding (temperature 0)")
+        tie_bound = self.curve.discrepancy * 2 if strict else 0.0
+        return speculative_generate(self.ctx, d, self.planner(max_nodes), prompt, max_tokens,
+                                    sampling, stats, tie_bound, stop_at_eog)
+
+    def close(self) -> None:
+        for d in self._drafters.values():
+            if hasattr(d, "close"):
+                d.close()
+        self.ctx.close()
+        self.model.close()

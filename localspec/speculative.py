@@ -1,0 +1,105 @@
+"""Speculative generation: draft a tree, verify it in one target forward, keep exactly what
+the target would have produced. Same tokens as `generate` (greedy) or the same distribution
+(T > 0)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+from localspec.control.planner import Planner
+from localspec.drafters import Drafter
+from localspec.engine.context import Context
+from localspec.generate import GenerationStats
+from localspec.sampling import SamplingConfig, TokenSampler
+from localspec.verify import DraftTree, verify_tree
+
+
+@dataclass
+class SpecStats(GenerationStats):
+    n_forwards: int = 0   # target forwards after the prompt (verifications and plain steps)
+    n_drafted: int = 0    # draft nodes sent to verification
+    n_accepted: int = 0   # of those, accepted
+    n_settled: int = 0    # strict mode: rows re-decoded alone because of a near tie
+    accept_lengths: list[int] = field(default_factory=list)  # per verification
+
+    @property
+    def tau(self) -> float:
+        """Tokens emitted per target forward (the prompt's forward emits the first)."""
+        return self.n_generated / (self.n_forwards + 1) if self.n_generated else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    def summary(self) -> str:
+        if not self.n_forwards:  # plain generation counts no speculative forwards
+            return super().summary()
+        return (super().summary() + f"\nτ {self.tau:.2f} tokens/forward · acceptance "
+                f"{self.acceptance:.1%} · drafted {self.n_drafted} · accepted {self.n_accepted}"
+                + (f" · settled {self.n_settled}" if self.n_settled else ""))
+
+
+def speculative_generate(ctx: Context, drafter: Drafter, planner: Planner, prompt: Sequence[int],
+                         max_tokens: int, sampling: SamplingConfig = SamplingConfig(),
+                         stats: SpecStats | None = None, tie_bound: float = 0.0,
+                         stop_at_eog: bool = True) -> Iterator[int]:
+    """Yield up to `max_tokens` tokens. With tie_bound > 0 (strict, greedy), a position whose
+    top-two gap in the batched logits is below it is decided by a single-token forward, as
+    plain decoding would."""
+    stats = stats if stats is not None else SpecStats()
+    stats.n_prompt = len(prompt)
+    sampler = TokenSampler(sampling, list(prompt))
+    t0 = time.perf_counter()
+    row = ctx.prefill(prompt)
+    max_tokens = min(max_tokens, ctx.n_ctx - len(prompt) + 1)
+    last = sampler.sample(ctx.logits(row))
+    sampler.extend([last])
+    stats.t_prompt = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    stats.n_generated = 1
+    yield last
+    n_out = 1
+    while n_out < max_tokens and not (stop_at_eog and ctx.model.is_eog(last)):
+        room = min(max_tokens - n_out - 1, ctx.n_ctx - len(ctx.tokens) - 2)
+        tree = planner.size(drafter.propose(ctx.tokens + [last], max(0, room))) if room > 0 \
+            else DraftTree.empty()
+        if len(tree) == 0:
+            ctx.append(last)
+            emitted, path, unsettled = [], [], False
+            emitted.append(sampler.sample(ctx.logits(0)))
+        else:
+            verdict = verify_tree(ctx, tree, last, sampler, tie_bound)
+            drafter.observe(tree, verdict)
+            emitted, path, unsettled = verdict.tokens, verdict.path, verdict.unsettled
+            stats.n_drafted += len(tree)
+            stats.n_accepted += len(path)
+            stats.accept_lengths.append(len(path))
+        stats.n_forwards += 1
+        if unsettled:
+            emitted.append(settle(ctx, sampler, emitted))
+            stats.n_forwards += 1
+            stats.n_settled += 1
+        sampler.extend(emitted)
+        for token in emitted:
+            n_out += 1
+            stats.n_generated = n_out
+            stats.t_generate = time.perf_counter() - t0
+            yield token
+            if (stop_at_eog and ctx.model.is_eog(token)) or n_out == max_tokens:
+                return
+        last = emitted[-1]
+
+
+def settle(ctx: Context, sampler: TokenSampler, path_tokens: list[int]) -> int:
+    """Draw the token after the committed path from a single-token forward of its last
+    position, as plain decoding computes it, instead of from the batched row."""
+    end = ctx.tokens.pop()
+    ctx.seq_rm(0, len(ctx.tokens), -1)
+    ctx.append(end)
+    sampler_history = sampler.history
+    sampler.extend(path_tokens)
+    token = sampler.sample(ctx.logits(0))
+    sampler.history = sampler_history
+    return token

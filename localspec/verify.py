@@ -1,0 +1,117 @@
+"""Draft trees and their verification: one target forward over the whole tree, exact
+acceptance in native code, and the KV cache left holding exactly the accepted path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from localspec import _native
+from localspec.engine.context import Context
+from localspec.sampling import TokenSampler
+
+_EMPTY_I = np.zeros(0, np.int32)
+_EMPTY_F = np.zeros(0, np.float32)
+
+
+@dataclass
+class DraftTree:
+    """Nodes in topological order (parents[i] < i; -1 = the root, the last accepted token),
+    so any prefix of the nodes is a tree too. `reach` is the drafter's estimate that the
+    walk reaches (accepts) each node. Sampled drafts carry the distribution each node was
+    drawn from in q_offsets/q_ids/q_probs; deterministic drafts leave them empty."""
+
+    tokens: np.ndarray
+    parents: np.ndarray
+    reach: np.ndarray
+    q_offsets: np.ndarray = field(default_factory=lambda: _EMPTY_I)
+    q_ids: np.ndarray = field(default_factory=lambda: _EMPTY_I)
+    q_probs: np.ndarray = field(default_factory=lambda: _EMPTY_F)
+
+    @staticmethod
+    def empty() -> DraftTree:
+        return DraftTree(_EMPTY_I, _EMPTY_I, np.zeros(0))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def sampled(self) -> bool:
+        return len(self.q_offsets) > 0
+
+    def prefix(self, n: int) -> DraftTree:
+        if n >= len(self):
+            return self
+        if not self.sampled:
+            return DraftTree(self.tokens[:n], self.parents[:n], self.reach[:n])
+        end = self.q_offsets[n]
+        return DraftTree(self.tokens[:n], self.parents[:n], self.reach[:n], self.q_offsets[:n + 1],
+                         self.q_ids[:end], self.q_probs[:end])
+
+    def depths(self) -> np.ndarray:
+        d = np.zeros(len(self), np.int32)
+        for i, p in enumerate(self.parents):
+            d[i] = 1 if p < 0 else d[p] + 1
+        return d
+
+    def n_leaves(self) -> int:
+        has_child = np.zeros(len(self), bool)
+        has_child[self.parents[self.parents >= 0]] = True
+        return int((~has_child).sum())
+
+    def path_seqs(self) -> list[list[int]]:
+        """Sequence ids of every node: one sequence per root-to-leaf path, so that a node
+        belongs to the paths of all the leaves below it (the tree-attention mask)."""
+        n = len(self)
+        has_child = np.zeros(n, bool)
+        has_child[self.parents[self.parents >= 0]] = True
+        seqs: list[list[int]] = [[] for _ in range(n)]
+        leaf = 0
+        for i in range(n):
+            if not has_child[i]:
+                seqs[i].append(leaf)
+                leaf += 1
+        for i in range(n - 1, -1, -1):  # children come after parents: push sets upwards
+            p = self.parents[i]
+            if p >= 0:
+                seqs[p].extend(s for s in seqs[i] if s not in seqs[p])
+        return seqs
+
+
+@dataclass
+class Verdict:
+    path: list[int]     # accepted node indices
+    tokens: list[int]   # their tokens, then the next token (the bonus or the correction)
+    unsettled: bool     # strict mode: the next token is still to be drawn
+
+
+def verify_tree(ctx: Context, tree: DraftTree, root: int, sampler: TokenSampler,
+                tie_bound: float = 0.0) -> Verdict:
+    """Decode [root] + tree in one llama_decode, accept exactly, and leave sequence 0 of the
+    KV cache holding the committed context + root + the accepted path (nothing else)."""
+    n_past = len(ctx.tokens)
+    seqs = tree.path_seqs()
+    n_seqs = max((max(s) for s in seqs), default=0) + 1
+    for s in range(1, n_seqs):
+        ctx.seq_cp(0, s, 0, -1)  # every path sees the committed context
+    depths = tree.depths()
+    ctx.decode([root, *tree.tokens.tolist()], [n_past, *(n_past + depths).tolist()],
+               seq_ids=[list(range(n_seqs)), *seqs], outputs=[True] * (len(tree) + 1))
+    path, nxt, unsettled = _native.verify(
+        ctx.ptr, ctx.model.n_vocab, tree.tokens, tree.parents, tree.q_offsets, tree.q_ids,
+        tree.q_probs, sampler.sampler, sampler.history, sampler.rng, tie_bound)
+    keep_path(ctx, n_past + 1 + len(path), seqs[path[-1]][0] if path else 0, n_seqs)
+    ctx.tokens.append(root)
+    ctx.tokens.extend(int(tree.tokens[i]) for i in path)
+    return Verdict(path, [int(tree.tokens[i]) for i in path] + ([nxt] if nxt >= 0 else []), unsettled)
+
+
+def keep_path(ctx: Context, n_keep: int, seq: int, n_seqs: int) -> None:
+    """Leave sequence 0 holding positions [0, n_keep) of `seq` and drop every other cell."""
+    if n_seqs > 1:
+        ctx.seq_keep(seq)
+    ctx.seq_rm(seq, n_keep, -1)
+    if seq != 0:
+        ctx.seq_cp(seq, 0, 0, -1)
+        ctx.seq_rm(seq, 0, -1)

@@ -1,0 +1,94 @@
+#include "ngram.h"
+
+#include <algorithm>
+#include <queue>
+
+namespace ls {
+
+uint64_t ngram_index::key(int32_t end, int32_t n) const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the token ids
+    for (int32_t i = end - n; i < end; ++i) {
+        h = (h ^ uint32_t(toks_[i])) * 1099511628211ull;
+    }
+    return h;
+}
+
+void ngram_index::extend(const int32_t * tokens, int32_t n) {
+    for (int32_t i = 0; i < n; ++i) {
+        toks_.push_back(tokens[i]);
+        const int32_t end = int32_t(toks_.size());
+        for (int32_t k = n_min_; k <= n_max_ && k <= end; ++k) {
+            index_[k][key(end, k)].push_back(end);
+        }
+    }
+}
+
+ngram_draft ngram_index::draft(int32_t max_nodes, int32_t max_depth,
+                               int32_t max_occurrences) const {
+    ngram_draft out;
+    const int32_t len = int32_t(toks_.size());
+    std::vector<int32_t> starts;  // where continuations begin, most recent first
+    for (int32_t k = std::min(n_max_, len); k >= n_min_ && starts.empty(); --k) {
+        auto it = index_[k].find(key(len, k));
+        if (it == index_[k].end()) continue;
+        for (auto p = it->second.rbegin(); p != it->second.rend(); ++p) {
+            const int32_t pos = *p;
+            if (pos >= len) continue;  // the suffix itself: nothing follows it yet
+            if (!std::equal(toks_.begin() + pos - k, toks_.begin() + pos, toks_.end() - k)) {
+                continue;  // hash collision
+            }
+            starts.push_back(pos);
+            if (int32_t(starts.size()) == max_occurrences) break;
+        }
+        if (!starts.empty()) out.n_match = k;
+    }
+    out.n_occurrences = int32_t(starts.size());
+    if (starts.empty()) return out;
+
+    // A trie of the continuations, with how many occurrences pass through each node.
+    struct trie_node { int32_t token, parent, count, depth; };
+    std::vector<trie_node> trie;
+    for (int32_t s : starts) {
+        int32_t parent = -1;
+        for (int32_t d = 0; d < max_depth && s + d < len; ++d) {
+            const int32_t t = toks_[s + d];
+            int32_t found = -1;
+            for (int32_t j = 0; j < int32_t(trie.size()); ++j) {
+                if (trie[j].parent == parent && trie[j].token == t) { found = j; break; }
+            }
+            if (found < 0) {
+                trie.push_back({t, parent, 0, d + 1});
+                found = int32_t(trie.size()) - 1;
+            }
+            trie[found].count++;
+            parent = found;
+        }
+    }
+
+    // Best-first by count (a child never outcounts its parent, so parents come first);
+    // ties go to the shallower, then the more recent node.
+    auto worse = [&](int32_t a, int32_t b) {
+        if (trie[a].count != trie[b].count) return trie[a].count < trie[b].count;
+        if (trie[a].depth != trie[b].depth) return trie[a].depth > trie[b].depth;
+        return a > b;
+    };
+    std::priority_queue<int32_t, std::vector<int32_t>, decltype(worse)> frontier(worse);
+    std::vector<int32_t> out_index(trie.size(), -1);
+    for (int32_t j = 0; j < int32_t(trie.size()); ++j) {
+        if (trie[j].parent < 0) frontier.push(j);
+    }
+    while (!frontier.empty() && int32_t(out.tokens.size()) < max_nodes) {
+        const int32_t j = frontier.top();
+        frontier.pop();
+        out_index[j] = int32_t(out.tokens.size());
+        out.tokens.push_back(trie[j].token);
+        out.parents.push_back(trie[j].parent < 0 ? -1 : out_index[trie[j].parent]);
+        out.counts.push_back(trie[j].count);
+        for (int32_t c = j + 1; c < int32_t(trie.size()); ++c) {
+            if (trie[c].parent == j) frontier.push(c);
+        }
+    }
+    return out;
+}
+
+}  // namespace ls

@@ -1,0 +1,43 @@
+// Prompt lookup: an n-gram index over the whole context (prompt and generated tokens),
+// updated as tokens arrive, that drafts a tree of the continuations that followed earlier
+// occurrences of the context's longest matching suffix.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+namespace ls {
+
+struct ngram_draft {
+    std::vector<int32_t> tokens;
+    std::vector<int32_t> parents;  // -1: child of the root; parents[i] < i
+    std::vector<int32_t> counts;   // earlier occurrences that continue through this node
+    int32_t n_match = 0;           // length of the matched suffix (0: no match)
+    int32_t n_occurrences = 0;     // occurrences of that suffix the tree was built from
+};
+
+class ngram_index {
+public:
+    ngram_index(int32_t n_min, int32_t n_max) : n_min_(n_min), n_max_(n_max), index_(n_max + 1) {}
+
+    void extend(const int32_t * tokens, int32_t n);
+    void reset() { toks_.clear(); for (auto & m : index_) m.clear(); }
+    int32_t size() const { return int32_t(toks_.size()); }
+    const std::vector<int32_t> & tokens() const { return toks_; }
+
+    // Branches where earlier occurrences continue differently; nodes best-first by count,
+    // at most max_nodes of them, at most max_depth deep, from the most recent
+    // max_occurrences occurrences of the longest suffix (n_max .. n_min tokens) seen before.
+    ngram_draft draft(int32_t max_nodes, int32_t max_depth, int32_t max_occurrences) const;
+
+private:
+    uint64_t key(int32_t end, int32_t n) const;  // hash of toks_[end - n, end)
+
+    int32_t n_min_, n_max_;
+    std::vector<int32_t> toks_;
+    // index_[n]: hash of an n-gram -> positions right after its occurrences (oldest first)
+    std::vector<std::unordered_map<uint64_t, std::vector<int32_t>>> index_;
+};
+
+}  // namespace ls
