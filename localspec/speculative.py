@@ -54,33 +54,35 @@ def speculative_generate(ctx: Context, drafter: Drafter, planner: Planner, promp
     t0 = time.perf_counter()
     row = ctx.prefill(prompt)
     max_tokens = min(max_tokens, ctx.n_ctx - len(prompt) + 1)
-    last = sampler.sample(ctx.logits(row))
-    sampler.extend([last])
+    first = sampler.sample(ctx.logits(row))
+    sampler.extend([first])
     stats.t_prompt = time.perf_counter() - t0
     t0 = time.perf_counter()
-    stats.n_generated = 1
-    yield last
-    n_out = 1
-    while n_out < max_tokens and not (stop_at_eog and ctx.model.is_eog(last)):
-        room = min(max_tokens - n_out - 1, ctx.n_ctx - len(ctx.tokens) - 2)
-        tree = planner.size(drafter.propose(ctx.tokens + [last], max(0, room))) if room > 0 \
+    stats.n_generated = n_out = 1
+    yield first
+    pending = [first]  # emitted, not yet in the KV cache; the last is the next tree's root
+    while n_out < max_tokens and not (stop_at_eog and ctx.model.is_eog(pending[-1])):
+        room = min(max_tokens - n_out - 1, ctx.n_ctx - len(ctx.tokens) - len(pending) - 1)
+        tree = planner.size(drafter.propose(ctx.tokens + pending, room)) if room > 0 \
             else DraftTree.empty()
         if len(tree) == 0:
-            ctx.append(last)
-            emitted, path, unsettled = [], [], False
-            emitted.append(sampler.sample(ctx.logits(0)))
+            emitted = [sampler.sample(ctx.logits(ctx.extend(pending)))]
+            pending, unsettled = [], False
         else:
-            verdict = verify_tree(ctx, tree, last, sampler, tie_bound)
+            verdict = verify_tree(ctx, tree, pending, sampler, tie_bound)
             drafter.observe(tree, verdict)
-            emitted, path, unsettled = verdict.tokens, verdict.path, verdict.unsettled
+            emitted, unsettled = verdict.tokens, verdict.unsettled
+            pending = emitted[verdict.n_cached:len(verdict.path)]  # accepted, not cached
             stats.n_drafted += len(tree)
-            stats.n_accepted += len(path)
-            stats.accept_lengths.append(len(path))
+            stats.n_accepted += len(verdict.path)
+            stats.accept_lengths.append(len(verdict.path))
         stats.n_forwards += 1
         if unsettled:
-            emitted.append(settle(ctx, sampler, emitted))
+            emitted.append(settle(ctx, sampler, pending, emitted))
+            pending = []
             stats.n_forwards += 1
             stats.n_settled += 1
+        pending.append(emitted[-1])
         sampler.extend(emitted)
         for token in emitted:
             n_out += 1
@@ -89,17 +91,18 @@ def speculative_generate(ctx: Context, drafter: Drafter, planner: Planner, promp
             yield token
             if (stop_at_eog and ctx.model.is_eog(token)) or n_out == max_tokens:
                 return
-        last = emitted[-1]
 
 
-def settle(ctx: Context, sampler: TokenSampler, path_tokens: list[int]) -> int:
-    """Draw the token after the committed path from a single-token forward of its last
-    position, as plain decoding computes it, instead of from the batched row."""
-    end = ctx.tokens.pop()
-    ctx.seq_rm(0, len(ctx.tokens), -1)
-    ctx.append(end)
-    sampler_history = sampler.history
+def settle(ctx: Context, sampler: TokenSampler, pending: list[int], path_tokens: list[int]) -> int:
+    """Draw the token after the accepted path from single-token forwards of what is not yet
+    in the cache (at least the path's last token), as plain decoding computes it."""
+    if not pending:
+        pending = [ctx.tokens.pop()]
+        ctx.seq_rm(0, len(ctx.tokens), -1)
+    for token in pending:
+        ctx.append(token)
+    saved = sampler.history
     sampler.extend(path_tokens)
     token = sampler.sample(ctx.logits(0))
-    sampler.history = sampler_history
+    sampler.history = saved
     return token

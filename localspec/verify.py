@@ -84,27 +84,43 @@ class Verdict:
     path: list[int]     # accepted node indices
     tokens: list[int]   # their tokens, then the next token (the bonus or the correction)
     unsettled: bool     # strict mode: the next token is still to be drawn
+    n_cached: int       # how many of the accepted tokens the KV cache kept (see verify_tree)
 
 
-def verify_tree(ctx: Context, tree: DraftTree, root: int, sampler: TokenSampler,
+def verify_tree(ctx: Context, tree: DraftTree, pending: list[int], sampler: TokenSampler,
                 tie_bound: float = 0.0) -> Verdict:
-    """Decode [root] + tree in one llama_decode, accept exactly, and leave sequence 0 of the
-    KV cache holding the committed context + root + the accepted path (nothing else)."""
+    """Decode `pending` (emitted tokens not yet in the KV cache; the last is the tree's root)
+    and the tree in one llama_decode, accept exactly, and leave sequence 0 holding the
+    context, `pending` and the accepted path up to its first gap.
+
+    Why a gap matters: llama.cpp puts new tokens into the lowest free KV cells, and its CPU
+    flash attention accumulates in cell order, so a token placed in the hole of a rejected
+    node, before cells of earlier positions, would be computed slightly differently from
+    plain decoding. Accepted nodes after the first hole are therefore dropped from the
+    cache and come back as `pending` in the next decode; the cache stays in position order."""
     n_past = len(ctx.tokens)
+    root_row = len(pending) - 1
     seqs = tree.path_seqs()
     n_seqs = max((max(s) for s in seqs), default=0) + 1
     for s in range(1, n_seqs):
         ctx.seq_cp(0, s, 0, -1)  # every path sees the committed context
-    depths = tree.depths()
-    ctx.decode([root, *tree.tokens.tolist()], [n_past, *(n_past + depths).tolist()],
-               seq_ids=[list(range(n_seqs)), *seqs], outputs=[True] * (len(tree) + 1))
+    all_seqs = list(range(n_seqs))
+    pos = [*range(n_past, n_past + len(pending)), *(n_past + root_row + tree.depths()).tolist()]
+    ctx.decode([*pending, *tree.tokens.tolist()], pos,
+               seq_ids=[all_seqs] * len(pending) + seqs,
+               outputs=[False] * root_row + [True] * (len(tree) + 1))
     path, nxt, unsettled = _native.verify(
-        ctx.ptr, ctx.model.n_vocab, tree.tokens, tree.parents, tree.q_offsets, tree.q_ids,
-        tree.q_probs, sampler.sampler, sampler.history, sampler.rng, tie_bound)
-    keep_path(ctx, n_past + 1 + len(path), seqs[path[-1]][0] if path else 0, n_seqs)
-    ctx.tokens.append(root)
-    ctx.tokens.extend(int(tree.tokens[i]) for i in path)
-    return Verdict(path, [int(tree.tokens[i]) for i in path] + ([nxt] if nxt >= 0 else []), unsettled)
+        ctx.ptr, ctx.model.n_vocab, root_row, tree.tokens, tree.parents, tree.q_offsets,
+        tree.q_ids, tree.q_probs, sampler.sampler, sampler.history, sampler.rng, tie_bound)
+    n_cached = 0
+    while n_cached < len(path) and path[n_cached] == n_cached:
+        n_cached += 1  # node i sits in the i-th cell after the root: no hole so far
+    keep_path(ctx, n_past + len(pending) + n_cached, seqs[path[n_cached - 1]][0] if n_cached else 0,
+              n_seqs)
+    ctx.tokens.extend(pending)
+    ctx.tokens.extend(int(tree.tokens[i]) for i in path[:n_cached])
+    return Verdict(path, [int(tree.tokens[i]) for i in path] + ([nxt] if nxt >= 0 else []),
+                   unsettled, n_cached)
 
 
 def keep_path(ctx: Context, n_keep: int, seq: int, n_seqs: int) -> None:

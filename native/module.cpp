@@ -141,10 +141,12 @@ NB_MODULE(_native, m) {
 
     m.def(
         "verify",
-        [](uintptr_t ctx, int32_t n_vocab, vec_in<const int32_t> tokens, vec_in<const int32_t> parents,
-           vec_in<const int32_t> q_offsets, vec_in<const int32_t> q_ids, vec_in<const float> q_probs,
-           ls::sampler & smp, vec_in<const int32_t> history, ls::rng & r, float tie_bound) {
-            const ls::draft_tree tree = make_tree(tokens, parents, q_offsets, q_ids, q_probs);
+        [](uintptr_t ctx, int32_t n_vocab, int32_t root_row, vec_in<const int32_t> tokens,
+           vec_in<const int32_t> parents, vec_in<const int32_t> q_offsets, vec_in<const int32_t> q_ids,
+           vec_in<const float> q_probs, ls::sampler & smp, vec_in<const int32_t> history, ls::rng & r,
+           float tie_bound) {
+            ls::draft_tree tree = make_tree(tokens, parents, q_offsets, q_ids, q_probs);
+            tree.root_row = root_row;
             ls::verify_result res;
             {
                 nb::gil_scoped_release release;
@@ -153,9 +155,10 @@ NB_MODULE(_native, m) {
             }
             return result_tuple(res);
         },
-        "ctx"_a, "n_vocab"_a, "tokens"_a, "parents"_a, "q_offsets"_a, "q_ids"_a, "q_probs"_a,
-        "sampler"_a, "history"_a, "rng"_a, "tie_bound"_a = 0.0f,
-        "Verify a draft tree against the logits of the last decode (row 0: root, i + 1: node i).\n"
+        "ctx"_a, "n_vocab"_a, "root_row"_a, "tokens"_a, "parents"_a, "q_offsets"_a, "q_ids"_a,
+        "q_probs"_a, "sampler"_a, "history"_a, "rng"_a, "tie_bound"_a = 0.0f,
+        "Verify a draft tree against the logits of the last decode (root at root_row, node i\n"
+        "at root_row + 1 + i). "
         "Returns (accepted node indices, next token, unsettled).");
 
     m.def(

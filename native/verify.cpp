@@ -104,7 +104,7 @@ verify_result verify_tree(const logits_rows & rows, int32_t n_vocab, const draft
     distribution p;
     int32_t cur = -1;  // the root
     for (;;) {
-        float * logits = rows(cur + 1);
+        float * logits = rows(tree.root_row + cur + 1);
         if (tie_bound > 0.0f && smp.greedy() && top_two_gap(logits, n_vocab) < tie_bound) {
             res.unsettled = true;  // this row could rank differently in a single-token forward
             return res;

@@ -12,10 +12,11 @@
 namespace ls {
 
 // A draft tree in flat arrays. Node i's parent is parents[i] < i (-1: the root, i.e. the last
-// accepted token); its logits are batch row i + 1 (the root's are row 0).
+// accepted token). Batch rows: the root's logits are row `root_row`, node i's root_row + 1 + i.
 struct draft_tree {
-    int32_t         n_nodes = 0;
-    const int32_t * tokens  = nullptr;
+    int32_t         n_nodes  = 0;
+    int32_t         root_row = 0;
+    const int32_t * tokens   = nullptr;
     const int32_t * parents = nullptr;
     // Sampled drafts: node i was drawn from the draft distribution
     // q_ids/q_probs[q_offsets[i] .. q_offsets[i+1]). Null: drafts were picked deterministically.
@@ -31,7 +32,7 @@ struct verify_result {
                                              // single-token forward of the path's end
 };
 
-// The logits row of batch row i (0: the root, i + 1: node i).
+// The logits of batch row i.
 using logits_rows = std::function<float *(int32_t)>;
 
 // Walk the tree from the root, computing the target distribution only at the nodes the walk

@@ -121,14 +121,20 @@ class Context:
         if not prompt:
             raise LocalspecError("empty prompt")
         self._check_room(len(prompt), fresh=True)
-        n_keep = common_prefix(self.tokens, prompt)
-        n_keep = min(n_keep, len(prompt) - 1)
+        n_keep = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
         self.truncate(n_keep)
+        return self.extend(prompt[n_keep:])
+
+    def extend(self, tokens: Sequence[int]) -> int:
+        """Decode `tokens` at the end of sequence 0, in chunks of n_batch; returns the batch
+        row holding the logits of the last one."""
+        self._check_room(len(tokens))
         step = self.config.n_batch
         row = 0
-        for start in range(n_keep, len(prompt), step):
-            chunk = prompt[start:start + step]
-            self.decode(chunk, range(start, start + len(chunk)))
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start:start + step]
+            n_past = len(self.tokens)
+            self.decode(chunk, range(n_past, n_past + len(chunk)))
             self.tokens.extend(chunk)
             row = len(chunk) - 1
         return row

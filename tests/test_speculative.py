@@ -1,0 +1,157 @@
+"""Speculative decoding on real models: greedy output identical to plain decoding, the KV
+cache equal to plain decoding's, and clear errors for mismatched drafters.
+
+The target runs on one thread here: then llama.cpp's batched forward of SmolLM2 gives the
+single-token logits bit for bit at any context length (with two threads, flash attention
+splits single-token work differently once the cache passes 256 cells; see
+measure_discrepancy), so these tests can demand exact equality, which any slip in masks,
+positions or cache bookkeeping would break."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from localspec.control.planner import Planner
+from localspec.drafters.draft_model import DraftModelDrafter
+from localspec.drafters.lookup import LookupDrafter
+from localspec.engine import Context, Model
+from localspec.engine.context import ContextConfig
+from localspec.engine.cost import CostCurve
+from localspec.generate import generate
+from localspec.sampling import SamplingConfig, TokenSampler
+from localspec.speculative import SpecStats, speculative_generate
+from localspec.verify import DraftTree, verify_tree
+
+GREEDY = SamplingConfig(temperature=0)
+N_TOKENS = 128
+
+# 20 prompts: code that repeats itself (lookup's home ground), prose, lists, chat-like text.
+PROMPTS = [
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
+    "class Point3D:\n    def __init__(self, x, y, z):\n",
+    "for i in range(10):\n    print(i)\nfor j in range(20):\n",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "import os\nimport sys\nimport json\n",
+    "Monday, Tuesday, Wednesday,",
+    "1, 2, 3, 4, 5, 6,",
+    "def fibonacci(n):\n",
+    "The capital of France is",
+    "Once upon a time, in a small village,",
+    "SELECT name, COUNT(*) FROM users",
+    "<html>\n<head>\n<title>",
+    "Q: What is 2 + 2?\nA: 4\nQ: What is 3 + 3?\nA:",
+    "user: hello\nassistant: hi there\nuser: how are you?\nassistant:",
+    "# Shopping list\n- apples\n- bananas\n-",
+    "Dear Sir or Madam,\n\nI am writing to",
+    "x = [1, 2, 3]\ny = [4, 5, 6]\nz = [",
+    "The mitochondria is the powerhouse of",
+    "fn main() {\n    println!(\"Hello, world!\");\n}\n\nfn helper() {\n",
+    "Roses are red,\nViolets are blue,\n",
+]
+
+# A flat cost curve of a slow target: speculation is cheap, so the planner drafts as much as
+# it can and the verifier sees many trees (what this machine's real curve would not allow).
+FLAT = CostCurve([0.1] * 16, 0)
+
+
+def plain(ctx, prompt, n=N_TOKENS, sampling=GREEDY):
+    ctx.clear()
+    return list(generate(ctx, prompt, n, sampling))
+
+
+def speculative(ctx, drafter, prompt, n=N_TOKENS, sampling=GREEDY, stats=None):
+    ctx.clear()
+    return list(speculative_generate(ctx, drafter, Planner(FLAT, n_seq_max=8), prompt, n,
+                                     sampling, stats))
+
+
+@pytest.fixture(scope="module")
+def target(small_model):
+    with Context(small_model, ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1)) as ctx:
+        yield ctx
+
+
+@pytest.fixture(scope="module")
+def reference(target):
+    return {p: plain(target, target.model.tokenize(p)) for p in PROMPTS}
+
+
+def test_lookup_greedy_identical_to_plain(target, reference):
+    stats = SpecStats()
+    drafter = LookupDrafter()
+    for p in PROMPTS:
+        assert speculative(target, drafter, target.model.tokenize(p), stats=stats) == reference[p], p
+    # The test means something only if drafts were verified, accepted and rejected.
+    assert stats.n_accepted > 100 and stats.n_drafted - stats.n_accepted > 50
+    assert max(stats.accept_lengths) >= 4
+
+
+def test_draft_model_greedy_identical_to_plain(target, reference, small_path):
+    """The draft model here is the target's own GGUF (the one small model with its
+    tokenizer), so drafts are the target's argmax up to a near tie."""
+    with Model(small_path) as dm:
+        drafter = DraftModelDrafter(dm, target.model, GREEDY, Planner(FLAT, 8))
+        stats = SpecStats()
+        for p in PROMPTS[:8]:
+            assert speculative(target, drafter, target.model.tokenize(p), stats=stats) == reference[p], p
+        drafter.close()
+    assert stats.n_accepted > 200
+
+
+def test_kv_cache_equals_fresh_prefill_after_random_rounds(small_model):
+    """200 rounds of random trees, some following the greedy continuation for a while and
+    then going wrong, some wrong from the start: afterwards the next-token logits from the
+    KV cache equal a fresh prefill of the same tokens, and the output is the greedy one."""
+    rng = np.random.default_rng(0)
+    m = small_model
+    sampler = TokenSampler(GREEDY)
+    with Context(m, ContextConfig(n_ctx=2048, n_seq_max=8, n_threads=1)) as ctx, \
+            Context(m, ContextConfig(n_ctx=2048, n_threads=1)) as fresh:
+        prompt = m.tokenize("def quicksort(items):\n")
+        truth = list(generate(fresh, prompt, 1200, GREEDY, stop_at_eog=False))
+        ctx.prefill(prompt)
+        pending, out = [truth[0]], [truth[0]]
+        for _ in range(200):
+            n = int(rng.integers(1, 9))
+            parents = np.array([int(rng.integers(-1, i)) for i in range(n)], np.int32)
+            tokens = rng.integers(0, m.n_vocab, n).astype(np.int32)
+            if rng.random() < 0.6:  # a right chain of random length hangs off the root
+                k = int(rng.integers(1, n + 1))
+                tokens[:k] = truth[len(out):len(out) + k]
+                parents[:k] = np.arange(-1, k - 1)
+            verdict = verify_tree(ctx, DraftTree(tokens, parents, np.ones(n)), pending, sampler)
+            out += verdict.tokens
+            pending = verdict.tokens[verdict.n_cached:]
+        assert out == truth[:len(out)]
+        assert len(out) > 400  # many nodes were accepted
+        row = ctx.extend(pending)
+        # The reference: the same tokens decoded one at a time, as plain generation does.
+        # (One batched prefill of them would differ: llama.cpp's large-batch kernels round
+        # differently, by up to 0.6 in a logit on this model.)
+        fresh.clear()
+        fresh.prefill(prompt)
+        for t in ctx.tokens[len(prompt):]:
+            fresh.append(t)
+        np.testing.assert_array_equal(ctx.logits(row), fresh.logits(0))
+        assert ctx.seq_pos_max(0) == len(ctx.tokens) - 1
+        assert all(ctx.seq_pos_max(s) == -1 for s in range(1, 8))
+
+
+def test_seeded_sampling_with_drafters_is_reproducible(target):
+    cfg = SamplingConfig(temperature=1.0, seed=3)
+    prompt = target.model.tokenize(PROMPTS[0])
+    a = speculative(target, LookupDrafter(), prompt, 64, cfg)
+    b = speculative(target, LookupDrafter(), prompt, 64, cfg)
+    assert a == b and len(a) == 64
+
+
+def test_mismatched_draft_model_is_refused(small_path):
+    r = subprocess.run([sys.executable, "-m", "localspec.cli", "generate", "-m", str(small_path),
+                        "--drafter", "draft:qwen2.5-coder-0.5b-instruct", "hi"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1].startswith("localspec: error: draft model")
+    assert "not the same tokenizer" in r.stderr
