@@ -29,6 +29,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto")
 
 
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+
+
 def engine_config(a: argparse.Namespace):
     from localspec.session import EngineConfig
     return EngineConfig(a.model, a.ctx, a.threads, a.gpu_layers, a.flash_attn)
@@ -97,6 +106,62 @@ def cmd_cost(a: argparse.Namespace) -> None:
     print(f"batched vs single-token logits differ by up to {curve.discrepancy:.4f}")
 
 
+@dataclass(frozen=True)
+class BenchConfig:
+    workload: str
+    limit: int
+    drafters: tuple[str, ...]
+    max_tokens: int
+    strict: bool
+    anchors: tuple[str, ...]
+    json_out: str | None
+    chart: str | None
+
+
+def cmd_bench(a: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from localspec import store
+    from localspec.bench import anchors as anchor_mod
+    from localspec.bench import report, workloads
+    from localspec.bench.runner import run_bench
+    from localspec.progress import progress_bar
+    from localspec.session import DEFAULT_DRAFT_MODEL, Session
+
+    cfg = BenchConfig(a.workload, a.limit, tuple(a.drafter or ["lookup", "draft"]), a.max_tokens,
+                      a.strict, tuple(a.anchor or []), a.json, a.chart)
+    prompts = workloads.load(cfg.workload, cfg.limit)
+    session = Session(engine_config(a))
+    sampling = sampling_config(a)
+    for d in cfg.drafters:
+        session.drafter(d, sampling)  # load drafters (and fail on bad ones) before timing anything
+    draft_path = store.resolve(next((d.split(":", 1)[1] for d in cfg.drafters if d.startswith("draft:")),
+                                    DEFAULT_DRAFT_MODEL))
+    anchors = anchor_mod.make_anchors(list(cfg.anchors), session.model.path, draft_path,
+                                      session.cfg.n_ctx, session.cfg.threads)
+    try:
+        with progress_bar(f"bench {cfg.workload}", len(prompts), unit="prompts") as advance:
+            configs = run_bench(session, prompts, list(cfg.drafters), cfg.max_tokens, sampling,
+                                cfg.strict, anchors, advance)
+    finally:
+        for anchor in anchors:
+            anchor.close()
+    title = (f"{session.model.path.stem} · {cfg.workload} × {len(prompts)} · {cfg.max_tokens} tokens"
+             f" · T={sampling.temperature}")
+    print(f"\n{title}\n\n{report.table(configs)}")
+    print(f"\nbatched vs single-token logits differ by up to {session.curve.discrepancy:.3f} "
+          "on this model and build (a tie within it may legitimately flip)")
+    meta = {"model": str(session.model.path), "workload": cfg.workload, "n": len(prompts),
+            "max_tokens": cfg.max_tokens, "temperature": sampling.temperature,
+            "seed": sampling.seed, "discrepancy": session.curve.discrepancy,
+            "argv": sys.argv[1:]}
+    if cfg.json_out:
+        report.write_json(configs, meta, Path(cfg.json_out))
+    if cfg.chart:
+        report.chart(configs, title, Path(cfg.chart))
+        print(f"chart: {cfg.chart}")
+
+
 def _mb(n: int | None) -> str:
     return f"{n / 1e6:.0f} MB" if n is not None else "-"
 
@@ -109,12 +174,7 @@ def parser() -> argparse.ArgumentParser:
     add_engine_args(g)
     g.add_argument("prompt", help="the prompt ('-' reads standard input)")
     g.add_argument("--max-tokens", type=int, default=256)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
-    g.add_argument("--top-k", type=int, default=40)
-    g.add_argument("--top-p", type=float, default=0.95)
-    g.add_argument("--min-p", type=float, default=0.05)
-    g.add_argument("--repeat-penalty", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=None)
+    add_sampling_args(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--drafter", default="none",
                    help="none | lookup | draft[:MODEL] (default draft model: qwen2.5-coder-0.5b-instruct)")
@@ -129,6 +189,22 @@ def parser() -> argparse.ArgumentParser:
     pl.set_defaults(func=cmd_pull)
 
     sub.add_parser("models", help="list known and stored models").set_defaults(func=cmd_models)
+
+    b = sub.add_parser("bench", help="speed and exactness of drafters against plain decoding")
+    add_engine_args(b)
+    add_sampling_args(b)
+    b.add_argument("--workload", default="humaneval",
+                   help="humaneval | code-edit | sharegpt | mix | FILE.json ([{id, kind, prompt}])")
+    b.add_argument("--limit", type=int, default=10, help="number of prompts")
+    b.add_argument("--drafter", action="append",
+                   help="repeatable: lookup, draft[:MODEL] (default: lookup and draft)")
+    b.add_argument("--max-tokens", type=int, default=128)
+    b.add_argument("--strict", action="store_true", help="settle near-ties as plain decoding does")
+    b.add_argument("--anchor", action="append", choices=["llama-cpp-python", "llama-server"],
+                   help="repeatable: run other implementations in the same run")
+    b.add_argument("--json", help="write the results here")
+    b.add_argument("--chart", help="write a PNG chart here")
+    b.set_defaults(func=cmd_bench)
 
     r = sub.add_parser("rm", help="remove a stored model")
     r.add_argument("name")

@@ -1,0 +1,146 @@
+"""Anchors: other people's speculative decoding, measured in the same run.
+
+- llama-cpp-python's LlamaPromptLookupDecoding, through its Llama class;
+- llama.cpp's llama-server (built by scripts/build-llama-tools.sh from the llama.cpp that
+  llama-cpp-python vendors), each configuration in its own server on loopback.
+
+An anchor that fails is recorded as failed for that prompt; it never stops the bench."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from localspec.bench.runner import Run
+from localspec.bench.workloads import Prompt
+from localspec.errors import LocalspecError
+from localspec.sampling import SamplingConfig
+
+LLAMA_TOOLS = Path(__file__).resolve().parents[2] / "build" / "llama-tools"
+
+
+class PromptLookupAnchor:
+    """llama-cpp-python's own prompt lookup (a single numpy chain)."""
+
+    kind = "anchor"
+
+    def __init__(self, model_path: Path, n_ctx: int, threads: int, num_pred_tokens: int = 10):
+        import llama_cpp
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        self.name = f"llama-cpp-python lookup ({num_pred_tokens})"
+        self.llm = llama_cpp.Llama(str(model_path), n_ctx=n_ctx, n_threads=threads or None,
+                                   flash_attn=True, verbose=False,
+                                   draft_model=LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens))
+
+    def run(self, p: Prompt, tokens: list[int], max_tokens: int, sampling: SamplingConfig):
+        try:
+            self.llm.reset()
+            text, n, t_first = "", 0, None
+            for chunk in self.llm.create_completion(
+                    tokens, max_tokens=max_tokens, temperature=sampling.temperature,
+                    top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p,
+                    repeat_penalty=sampling.repeat_penalty, seed=sampling.seed, stream=True):
+                if t_first is None:
+                    t_first = time.perf_counter()
+                text += chunk["choices"][0]["text"]
+                n += 1
+            # Timed from the first streamed token, as localspec's own runs are.
+            return Run(n_tokens=n, n_timed=n - 1, seconds=time.perf_counter() - (t_first or 0)), text
+        except Exception as e:  # noqa: BLE001 -- an anchor's crash is a result, not our error
+            return Run(failed=f"{type(e).__name__}: {e}"[:200]), ""
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+SERVER_CONFIGS = {
+    "llama-server plain": [],
+    "llama-server draft n-max 3": ["--spec-draft-n-max", "3"],
+    "llama-server draft n-max 8": ["--spec-draft-n-max", "8"],
+    "llama-server ngram-simple": ["--spec-type", "ngram-simple"],
+    "llama-server ngram-mod": ["--spec-type", "ngram-mod"],
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerAnchor:
+    kind = "anchor"
+
+    def __init__(self, name: str, model_path: Path, draft_path: Path | None, n_ctx: int,
+                 threads: int, extra: list[str]):
+        binary = LLAMA_TOOLS / "llama-server"
+        if not binary.exists():
+            raise LocalspecError(f"{binary} is missing: run scripts/build-llama-tools.sh first")
+        self.name = name
+        self.port = _free_port()
+        cmd = [str(binary), "-m", str(model_path), "--host", "127.0.0.1", "--port", str(self.port),
+               "-c", str(n_ctx), "-np", "1", "-fa", "on", "--no-webui"]
+        if threads:
+            cmd += ["-t", str(threads)]
+        if "--spec-draft-n-max" in extra:
+            cmd += ["-md", str(draft_path)]
+        self.proc = subprocess.Popen(cmd + extra, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 300) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise LocalspecError(f"{self.name}: llama-server exited ({self.proc.returncode})")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise LocalspecError(f"{self.name}: llama-server not ready after {timeout:.0f}s")
+
+    def run(self, p: Prompt, tokens: list[int], max_tokens: int, sampling: SamplingConfig):
+        body = {"prompt": tokens, "n_predict": max_tokens, "temperature": sampling.temperature,
+                "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
+                "repeat_penalty": sampling.repeat_penalty, "cache_prompt": False,
+                "seed": sampling.seed if sampling.seed is not None else -1}
+        try:
+            req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion",
+                                         json.dumps(body).encode(), {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=1800) as r:
+                out = json.loads(r.read())
+            t = out["timings"]
+            run = Run(n_tokens=t["predicted_n"], n_timed=t["predicted_n"],
+                      seconds=t["predicted_ms"] / 1e3, drafted=t.get("draft_n", 0),
+                      accepted=t.get("draft_n_accepted", 0))
+            return run, out["content"]
+        except Exception as e:  # noqa: BLE001
+            return Run(failed=f"{type(e).__name__}: {e}"[:200]), ""
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def make_anchors(names: list[str], model_path: Path, draft_path: Path | None, n_ctx: int,
+                 threads: int) -> list:
+    anchors = []
+    for name in names:
+        if name == "llama-cpp-python":
+            anchors.append(PromptLookupAnchor(model_path, n_ctx, threads))
+        elif name == "llama-server":
+            anchors += [ServerAnchor(n, model_path, draft_path, n_ctx, threads, extra)
+                        for n, extra in SERVER_CONFIGS.items()]
+        else:
+            raise LocalspecError(f"unknown anchor '{name}' (llama-cpp-python, llama-server)")
+    return anchors

@@ -1,0 +1,72 @@
+"""The bench's outputs: a markdown table, a JSON file and a PNG chart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from localspec.bench.runner import Config
+
+
+def _speedup(cfg: Config, base: float) -> float:
+    return cfg.tokens_per_s / base if base else 0.0
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def table(configs: list[Config]) -> str:
+    base = configs[0].tokens_per_s
+    server_plain = next((c.tokens_per_s for c in configs if c.name == "llama-server plain"), None)
+    rows = ["| config | tokens/s | speedup vs plain | τ | acceptance | identical to plain | failed |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    for c in configs:
+        n = len(c.runs)
+        ident = [r.identical for r in c.ok_runs if r.identical is not None]
+        ties = sum(1 for r in c.ok_runs if r.tie)
+        ident_s = "-" if not ident else f"{sum(ident)}/{len(ident)}" + (f" (+{ties} at ties)" if ties else "")
+        sp = f"{_speedup(c, base):.2f}×"
+        if c.name.startswith("llama-server") and server_plain and c.name != "llama-server plain":
+            sp += f" ({c.tokens_per_s / server_plain:.2f}× its plain)"
+        tau = "-" if c.tau is None else f"{c.tau:.2f}"
+        failed = sum(1 for r in c.runs if r.failed)
+        rows.append(f"| {c.name} | {c.tokens_per_s:.2f} | {sp} | {tau} | {_pct(c.acceptance)} | "
+                    f"{ident_s} | {failed}/{n} |")
+    return "\n".join(rows)
+
+
+def to_json(configs: list[Config], meta: dict) -> dict:
+    base = configs[0].tokens_per_s
+    return {"meta": meta, "configs": [{
+        "name": c.name, "drafter": c.drafter, "tokens_per_s": c.tokens_per_s,
+        "speedup": _speedup(c, base), "tau": c.tau, "acceptance": c.acceptance,
+        "identical": sum(1 for r in c.ok_runs if r.identical),
+        "ties": sum(1 for r in c.ok_runs if r.tie), "n": len(c.runs),
+        "failed": [r.failed for r in c.runs if r.failed]} for c in configs]}
+
+
+def write_json(configs: list[Config], meta: dict, path: Path) -> None:
+    path.write_text(json.dumps(to_json(configs, meta), indent=2))
+
+
+def chart(configs: list[Config], title: str, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = configs[0].tokens_per_s
+    names = [c.name for c in configs]
+    speed = [_speedup(c, base) for c in configs]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(names) + 1.2))
+    colors = ["#888" if n == "plain" else "#c55" if n.startswith(("llama-", "llama-cpp")) else "#37a"
+              for n in names]
+    ax.barh(names[::-1], speed[::-1], color=colors[::-1])
+    ax.axvline(1.0, color="black", lw=0.8)
+    for y, v in enumerate(speed[::-1]):
+        ax.text(v, y, f" {v:.2f}×", va="center", fontsize=8)
+    ax.set_xlabel("speedup vs localspec plain decoding (same run)")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
