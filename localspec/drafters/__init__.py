@@ -39,3 +39,27 @@ class Calibration:
     def update(self, raw_reach, n_accepted: int) -> None:
         self.predicted += float(sum(raw_reach))
         self.accepted += n_accepted
+
+
+class ChainAcceptance:
+    """The probability that the target accepts the next drafted token given it accepted the
+    previous ones, estimated from verifications as accepted / (accepted + rejections): the
+    maximum-likelihood rate of a geometric run. Decays like Calibration, toward the prior."""
+
+    def __init__(self, prior: float, weight: float = 8.0, decay: float = 0.98):
+        self.prior, self.weight, self.decay = prior, weight, decay
+        self.accepted = 0.0
+        self.rejected = 0.0
+
+    @property
+    def rate(self) -> float:
+        a = self.accepted + self.weight * self.prior
+        return a / (a + self.rejected + self.weight * (1 - self.prior))
+
+    def tick(self) -> None:
+        self.accepted *= self.decay
+        self.rejected *= self.decay
+
+    def update(self, n_accepted: int, reached_leaf: bool) -> None:
+        self.accepted += n_accepted
+        self.rejected += 0 if reached_leaf else 1

@@ -46,6 +46,10 @@ class DraftModelDrafter:
 
     def propose(self, context: list[int], max_nodes: int) -> DraftTree:
         self.calibration.tick()
+        # Even a first token the target surely accepts must pay for its draft forward and the
+        # larger verification; when it cannot (a slow draft model on a CPU), do not draft.
+        if not self.planner.worth_drafting(min(1.0, self.calibration.scale), self.t_token, 0):
+            return DraftTree.empty()
         t0 = time.perf_counter()
         row = self.ctx.prefill(context)
         if self.sampler.window:

@@ -6,20 +6,21 @@ from __future__ import annotations
 import numpy as np
 
 from localspec import _native
-from localspec.drafters import Calibration
+from localspec.drafters import ChainAcceptance
 from localspec.verify import DraftTree, Verdict
 
 
 class LookupDrafter:
     name = "lookup"
 
-    def __init__(self, n_min: int = 2, n_max: int = 6, max_depth: int = 12, max_occurrences: int = 32):
+    def __init__(self, n_min: int = 2, n_max: int = 8, max_depth: int = 15, max_occurrences: int = 32):
         self.index = _native.NgramIndex(n_min, n_max)
         self.seen: list[int] = []
         self.max_depth = max_depth
         self.max_occurrences = max_occurrences
-        self.calibration = Calibration(prior=0.9)
-        self._raw = np.zeros(0)
+        # Acceptance by the length of the matched suffix: longer matches are safer bets.
+        self.acceptance = {n: ChainAcceptance(prior=min(0.9, 0.5 + 0.1 * n)) for n in range(n_min, n_max + 1)}
+        self._n_match = n_min
 
     def _sync(self, context: list[int]) -> None:
         """Index exactly `context`: extend when it grew, rebuild when it changed."""
@@ -32,17 +33,21 @@ class LookupDrafter:
         self.seen.extend(context[n:])
 
     def propose(self, context: list[int], max_nodes: int) -> DraftTree:
-        self.calibration.tick()
+        for a in self.acceptance.values():
+            a.tick()
         self._sync(context)
         tokens, parents, counts, n_match, n_occ = self.index.draft(
             max_nodes, self.max_depth, self.max_occurrences)
         if n_occ == 0:
-            self._raw = np.zeros(0)
             return DraftTree.empty()
-        # The fraction of earlier occurrences that went through a node estimates how often
-        # the text will; longer matched suffixes are more trustworthy.
-        self._raw = counts / n_occ * (n_match / (n_match + 1))
-        return DraftTree(tokens, parents, np.minimum(1.0, self._raw * self.calibration.scale))
+        # Reaching a node takes the text going the way that share of the earlier occurrences
+        # went, and the target accepting every token on the way there.
+        self._n_match = n_match
+        tree = DraftTree(tokens, parents, np.zeros(len(tokens)))
+        tree.reach = counts / n_occ * self.acceptance[n_match].rate ** tree.depths()
+        return tree
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
-        self.calibration.update(self._raw[:len(tree)], len(verdict.path))
+        end = verdict.path[-1] if verdict.path else -1
+        reached_leaf = end >= 0 and not np.any(tree.parents == end)
+        self.acceptance[self._n_match].update(len(verdict.path), reached_leaf)
