@@ -177,7 +177,8 @@ def parser() -> argparse.ArgumentParser:
     add_sampling_args(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--drafter", default="none",
-                   help="none | lookup | draft[:MODEL] (default draft model: qwen2.5-coder-0.5b-instruct)")
+                   help="none | lookup | draft[:MODEL] | draft-tree[:MODEL] "
+                        "(default draft model: qwen2.5-coder-0.5b-instruct)")
     g.add_argument("--strict", action="store_true",
                    help="greedy: settle near-ties with a single-token forward (bit-identical to plain)")
     g.set_defaults(func=cmd_generate)
@@ -197,7 +198,7 @@ def parser() -> argparse.ArgumentParser:
                    help="humaneval | code-edit | sharegpt | mix | FILE.json ([{id, kind, prompt}])")
     b.add_argument("--limit", type=int, default=10, help="number of prompts")
     b.add_argument("--drafter", action="append",
-                   help="repeatable: lookup, draft[:MODEL] (default: lookup and draft)")
+                   help="repeatable: lookup, draft[:MODEL], draft-tree[:MODEL] (default: lookup and draft)")
     b.add_argument("--max-tokens", type=int, default=128)
     b.add_argument("--strict", action="store_true", help="settle near-ties as plain decoding does")
     b.add_argument("--anchor", action="append", choices=["llama-cpp-python", "llama-server"],

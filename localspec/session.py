@@ -50,7 +50,8 @@ class Session:
         return Planner(self.curve, self.cfg.n_seq_max, max_nodes)
 
     def drafter(self, spec: str, sampling: SamplingConfig, max_nodes: int | None = None):
-        """`lookup`, `draft` or `draft:MODEL` (registry name or GGUF path); None for `none`."""
+        """`lookup`, `draft[:MODEL]` (a chain) or `draft-tree[:MODEL]` (a tree, 4 wide, 2
+        children per node); MODEL a registry name or GGUF path. None for `none`."""
         if spec == "none":
             return None
         key = (spec, sampling, max_nodes)
@@ -59,13 +60,15 @@ class Session:
             if kind == "lookup":
                 from localspec.drafters.lookup import LookupDrafter
                 d = LookupDrafter()
-            elif kind == "draft":
+            elif kind in ("draft", "draft-tree"):
                 from localspec.drafters.draft_model import DraftModelDrafter
                 dm = Model(store.resolve(arg or DEFAULT_DRAFT_MODEL), n_gpu_layers=self.cfg.n_gpu_layers)
                 d = DraftModelDrafter(dm, self.model, sampling, self.planner(max_nodes),
+                                      width=4 if kind == "draft-tree" else 1,
                                       n_ctx=self.cfg.n_ctx, n_threads=self.cfg.threads)
             else:
-                raise LocalspecError(f"unknown drafter '{spec}' (none, lookup, draft[:MODEL])")
+                raise LocalspecError(f"unknown drafter '{spec}' (none, lookup, draft[:MODEL], "
+                                     "draft-tree[:MODEL])")
             self._drafters[key] = d
         return self._drafters[key]
 

@@ -1,5 +1,7 @@
-"""A small model with the target's tokenizer drafts a chain in its own llama.cpp context,
-token by token, while the planner says the next token is worth its cost."""
+"""A small model with the target's tokenizer drafts in its own llama.cpp context: a chain,
+token by token, or (width > 1) a tree grown EAGLE-2 style: each depth expands the `width`
+best nodes so far by cumulative draft probability, each into its `branch` best children
+(or `branch` draws, at T > 0), all of a depth in one batch."""
 
 from __future__ import annotations
 
@@ -30,18 +32,24 @@ def check_same_vocabulary(target: Model, draft: Model) -> None:
 
 class DraftModelDrafter:
     def __init__(self, model: Model, target: Model, sampling: SamplingConfig, planner,
-                 max_depth: int = 8, n_ctx: int = 4096, n_threads: int = 0):
+                 max_depth: int = 8, width: int = 1, branch: int = 2, n_ctx: int = 4096,
+                 n_threads: int = 0):
         check_same_vocabulary(target, model)
-        self.name = f"draft:{model.path.stem}"
-        self.ctx = Context(model, ContextConfig(n_ctx=n_ctx, n_threads=n_threads))
+        self.name = f"draft:{model.path.stem}" + (f"/tree{width}x{branch}" if width > 1 else "")
+        # Sequence 0 holds the context; tree paths use two alternating banks of `width`.
+        self.ctx = Context(model, ContextConfig(n_ctx=n_ctx, n_threads=n_threads,
+                                                n_seq_max=1 + 2 * width))
         # Drafts at T = 0 are picked (deterministic); at T > 0 drawn from the draft's own
         # distribution under the same transform, so verification can use p/q.
         self.sampled = sampling.temperature > 0
-        self.sampler = TokenSampler(sampling)
+        # At T = 0 the draft's own probabilities (T = 1 over its top tokens) still rank the
+        # children and estimate how likely each is to be accepted.
+        self.sampler = TokenSampler(sampling if self.sampled else SamplingConfig(
+            temperature=1.0, top_k=max(16, branch), top_p=1.0, min_p=0.0))
         self.planner = planner
-        self.max_depth = max_depth
+        self.max_depth, self.width, self.branch = max_depth, width, branch
         self.calibration = Calibration(prior=0.9)
-        self.t_token = 0.0  # running seconds per drafted token
+        self.t_token = 0.0  # running seconds per draft forward
         self._raw = np.zeros(0)
 
     def propose(self, context: list[int], max_nodes: int) -> DraftTree:
@@ -50,40 +58,104 @@ class DraftModelDrafter:
         # larger verification; when it cannot (a slow draft model on a CPU), do not draft.
         if not self.planner.worth_drafting(min(1.0, self.calibration.scale), self.t_token, 0):
             return DraftTree.empty()
-        t0 = time.perf_counter()
-        row = self.ctx.prefill(context)
         if self.sampler.window:
             self.sampler.history = np.asarray(context[-self.sampler.window:], np.int32)
-        tokens, raw, q_ids, q_probs, q_offsets = [], [], [], [], [0]
-        reach = 1.0
-        for depth in range(min(self.max_depth, max_nodes)):
-            ids, probs = self.sampler.distribution(self.ctx.logits(row))
-            x = _native.draw(ids, probs, self.sampler.rng) if self.sampled else int(ids[0])
-            px = float(probs[ids == x][0])
-            reach *= px
-            if not self.planner.worth_drafting(reach * self.calibration.scale, self.t_token, depth):
+        row = self.ctx.prefill(context)  # catch up with what the target accepted
+        t0 = time.perf_counter()
+        grow = self._chain if self.width == 1 else self._tree
+        tree, n_forwards = grow(row, min(self.max_depth, max_nodes), max_nodes)
+        if n_forwards:
+            dt = (time.perf_counter() - t0) / n_forwards
+            self.t_token = dt if self.t_token == 0 else 0.8 * self.t_token + 0.2 * dt
+        self._raw = tree.reach.copy()
+        tree.reach = np.minimum(1.0, tree.reach * self.calibration.scale)
+        return tree
+
+    def _pick(self, logits: np.ndarray, k: int) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """k children: the k best (deterministic) or k draws (sampled); and the distribution."""
+        ids, probs = self.sampler.distribution(logits)
+        if self.sampled:
+            return [_native.draw(ids, probs, self.sampler.rng) for _ in range(k)], ids, probs
+        return [int(x) for x in ids[:k]], ids, probs
+
+    def _chain(self, row: int, depth: int, max_nodes: int):
+        tokens, reach, qs = [], [], []
+        r = 1.0
+        for d in range(depth):
+            (x,), ids, probs = self._pick(self.ctx.logits(row), 1)
+            r *= float(probs[ids == x][0])
+            if not self.planner.worth_drafting(r * self.calibration.scale, self.t_token, d):
                 break
             tokens.append(x)
-            raw.append(reach)
+            reach.append(r)
+            qs.append((ids, probs))
             self.sampler.extend([x])
-            if self.sampled:
-                q_ids.append(ids)
-                q_probs.append(probs)
-                q_offsets.append(q_offsets[-1] + len(ids))
-            if depth + 1 < min(self.max_depth, max_nodes):
+            if d + 1 < depth:
                 self.ctx.append(x)
                 row = 0
-        if tokens:
-            dt = (time.perf_counter() - t0) / len(tokens)
-            self.t_token = dt if self.t_token == 0 else 0.8 * self.t_token + 0.2 * dt
-        self._raw = np.asarray(raw)
         n = len(tokens)
-        tree = DraftTree(np.asarray(tokens, np.int32), np.arange(-1, n - 1, dtype=np.int32),
-                         np.minimum(1.0, self._raw * self.calibration.scale))
-        if self.sampled and n:
-            tree.q_offsets = np.asarray(q_offsets, np.int32)
-            tree.q_ids = np.concatenate(q_ids).astype(np.int32)
-            tree.q_probs = np.concatenate(q_probs).astype(np.float32)
+        return self._make_tree(tokens, list(range(-1, n - 1)), reach, qs), max(0, n - 1)
+
+    def _tree(self, row: int, depth: int, max_nodes: int):
+        ctx = self.ctx
+        n_past = len(ctx.tokens)
+        tokens, parents, reach, qs, seq_of = [], [], [], [], {}
+        children, ids, probs = self._pick(ctx.logits(row), self.branch)
+        for x in children:
+            tokens.append(x), parents.append(-1), qs.append((ids, probs))
+            reach.append(float(probs[ids == x][0]))
+        frontier = list(range(len(tokens)))
+        n_forwards = 0
+        for d in range(1, depth):
+            # Expand the `width` best nodes of the last depth, each in its own sequence.
+            best = sorted(frontier, key=lambda i: -reach[i])[:self.width]
+            if not best or not self.planner.worth_drafting(reach[best[0]] * self.calibration.scale,
+                                                           self.t_token, d):
+                break
+            bank = 1 + (d % 2) * self.width
+            for j, node in enumerate(best):
+                s = bank + j
+                ctx.seq_rm(s, 0, -1)
+                ctx.seq_cp(seq_of.get(parents[node], 0), s, 0, -1)  # the path so far
+                seq_of[node] = s
+            ctx.decode([tokens[i] for i in best], [n_past + d - 1] * len(best),
+                       seq_ids=[[seq_of[i]] for i in best], outputs=[True] * len(best))
+            n_forwards += 1
+            frontier = []
+            for row, node in enumerate(best):
+                children, ids, probs = self._pick(ctx.logits(row), self.branch)
+                for x in children:
+                    tokens.append(x), parents.append(node), qs.append((ids, probs))
+                    reach.append(reach[node] * float(probs[ids == x][0]))
+                    frontier.append(len(tokens) - 1)
+        ctx.seq_rm(-1, n_past, -1)  # the draft cache keeps only the context
+        for s in range(1, 1 + 2 * self.width):
+            ctx.seq_rm(s, 0, -1)
+        # EAGLE-2's reranking: the max_nodes best by cumulative probability, which contains
+        # every kept node's parent (a child never beats its parent); in that order the
+        # nodes are topological.
+        keep = sorted(range(len(tokens)), key=lambda i: -reach[i])[:max_nodes]
+        order = sorted(keep, key=lambda i: (self._depth(parents, i), -reach[i]))
+        index = {old: new for new, old in enumerate(order)}
+        tree = self._make_tree([tokens[i] for i in order],
+                               [index[parents[i]] if parents[i] >= 0 else -1 for i in order],
+                               [reach[i] for i in order], [qs[i] for i in order])
+        return tree, n_forwards
+
+    @staticmethod
+    def _depth(parents: list[int], i: int) -> int:
+        d = 1
+        while parents[i] >= 0:
+            i, d = parents[i], d + 1
+        return d
+
+    def _make_tree(self, tokens, parents, reach, qs) -> DraftTree:
+        tree = DraftTree(np.asarray(tokens, np.int32), np.asarray(parents, np.int32),
+                         np.asarray(reach, np.float64))
+        if self.sampled and tokens:
+            tree.q_offsets = np.concatenate([[0], np.cumsum([len(i) for i, _ in qs])]).astype(np.int32)
+            tree.q_ids = np.concatenate([i for i, _ in qs]).astype(np.int32)
+            tree.q_probs = np.concatenate([p for _, p in qs]).astype(np.float32)
         return tree
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
