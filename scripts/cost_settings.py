@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/cost_settings.py
 """
-import time, statistics, sys
+import time, statistics
 from localspec import store
 from localspec.engine import Model, Context
 from localspec.engine.context import ContextConfig

@@ -98,10 +98,10 @@ def test_draft_model_greedy_identical_to_plain(target, reference, small_path, wi
         drafter = DraftModelDrafter(dm, target.model, GREEDY, Planner(FLAT, 8), width=width,
                                     n_threads=1)
         stats = SpecStats()
-        for p in PROMPTS[:6]:
+        for p in PROMPTS:
             assert speculative(target, drafter, target.model.tokenize(p), stats=stats) == reference[p], p
         drafter.close()
-    assert stats.n_accepted > 150
+    assert stats.n_accepted > 500
     if width > 1:
         assert stats.n_drafted > 2 * stats.n_accepted  # branches were verified and rejected
 

@@ -3,7 +3,6 @@
 import json
 import re
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path

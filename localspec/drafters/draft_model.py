@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from localspec import _native
-from localspec.drafters import Calibration
+from localspec.drafters import DecayingRatio
 from localspec.engine import Context, Model
 from localspec.engine.context import ContextConfig
 from localspec.errors import LocalspecError
@@ -48,7 +48,7 @@ class DraftModelDrafter:
             temperature=1.0, top_k=max(16, branch), top_p=1.0, min_p=0.0))
         self.planner = planner
         self.max_depth, self.width, self.branch = max_depth, width, branch
-        self.calibration = Calibration(prior=0.9)
+        self.calibration = DecayingRatio(prior=0.9)  # accepted / predicted tokens
         self.t_token = 0.0  # running seconds per draft forward
         self._raw = np.zeros(0)
 
@@ -56,7 +56,7 @@ class DraftModelDrafter:
         self.calibration.tick()
         # Even a first token the target surely accepts must pay for its draft forward and the
         # larger verification; when it cannot (a slow draft model on a CPU), do not draft.
-        if not self.planner.worth_drafting(min(1.0, self.calibration.scale), self.t_token, 0):
+        if not self.planner.worth_drafting(min(1.0, self.calibration.value), self.t_token, 0):
             return DraftTree.empty()
         if self.sampler.window:
             self.sampler.history = np.asarray(context[-self.sampler.window:], np.int32)
@@ -68,7 +68,7 @@ class DraftModelDrafter:
             dt = (time.perf_counter() - t0) / n_forwards
             self.t_token = dt if self.t_token == 0 else 0.8 * self.t_token + 0.2 * dt
         self._raw = tree.reach.copy()
-        tree.reach = np.minimum(1.0, tree.reach * self.calibration.scale)
+        tree.reach = np.minimum(1.0, tree.reach * self.calibration.value)
         return tree
 
     def _pick(self, logits: np.ndarray, k: int) -> tuple[list[int], np.ndarray, np.ndarray]:
@@ -84,7 +84,7 @@ class DraftModelDrafter:
         for d in range(depth):
             (x,), ids, probs = self._pick(self.ctx.logits(row), 1)
             r *= float(probs[ids == x][0])
-            if not self.planner.worth_drafting(r * self.calibration.scale, self.t_token, d):
+            if not self.planner.worth_drafting(r * self.calibration.value, self.t_token, d):
                 break
             tokens.append(x)
             reach.append(r)
@@ -109,7 +109,7 @@ class DraftModelDrafter:
         for d in range(1, depth):
             # Expand the `width` best nodes of the last depth, each in its own sequence.
             best = sorted(frontier, key=lambda i: -reach[i])[:self.width]
-            if not best or not self.planner.worth_drafting(reach[best[0]] * self.calibration.scale,
+            if not best or not self.planner.worth_drafting(reach[best[0]] * self.calibration.value,
                                                            self.t_token, d):
                 break
             bank = 1 + (d % 2) * self.width
@@ -159,7 +159,7 @@ class DraftModelDrafter:
         return tree
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
-        self.calibration.update(self._raw[:len(tree)], len(verdict.path))
+        self.calibration.add(len(verdict.path), float(self._raw[:len(tree)].sum()))
 
     def close(self) -> None:
         self.ctx.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from localspec import _native
-from localspec.drafters import ChainAcceptance
+from localspec.drafters import DecayingRatio
 from localspec.verify import DraftTree, Verdict
 
 
@@ -19,7 +19,8 @@ class LookupDrafter:
         self.max_depth = max_depth
         self.max_occurrences = max_occurrences
         # Acceptance by the length of the matched suffix: longer matches are safer bets.
-        self.acceptance = {n: ChainAcceptance(prior=min(0.9, 0.5 + 0.1 * n)) for n in range(n_min, n_max + 1)}
+        self.acceptance = {n: DecayingRatio(prior=min(0.9, 0.5 + 0.1 * n), weight=8.0, decay=0.98)
+                           for n in range(n_min, n_max + 1)}
         self._n_match = n_min
 
     def _sync(self, context: list[int]) -> None:
@@ -44,10 +45,11 @@ class LookupDrafter:
         # went, and the target accepting every token on the way there.
         self._n_match = n_match
         tree = DraftTree(tokens, parents, np.zeros(len(tokens)))
-        tree.reach = counts / n_occ * self.acceptance[n_match].rate ** tree.depths()
+        tree.reach = counts / n_occ * self.acceptance[n_match].value ** tree.depths()
         return tree
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
         end = verdict.path[-1] if verdict.path else -1
         reached_leaf = end >= 0 and not np.any(tree.parents == end)
-        self.acceptance[self._n_match].update(len(verdict.path), reached_leaf)
+        n = len(verdict.path)
+        self.acceptance[self._n_match].add(n, n + (0 if reached_leaf else 1))
