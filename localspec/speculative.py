@@ -77,13 +77,14 @@ def speculative_generate(ctx: Context, drafter: Drafter, planner: Planner, promp
             stats.n_accepted += len(verdict.path)
             stats.accept_lengths.append(len(verdict.path))
         stats.n_forwards += 1
+        sampler.extend(emitted)
         if unsettled:
-            emitted.append(settle(ctx, sampler, pending, emitted))
+            emitted.append(settle(ctx, sampler, pending))
+            sampler.extend(emitted[-1:])
             pending = []
             stats.n_forwards += 1
             stats.n_settled += 1
         pending.append(emitted[-1])
-        sampler.extend(emitted)
         for token in emitted:
             n_out += 1
             stats.n_generated = n_out
@@ -93,16 +94,13 @@ def speculative_generate(ctx: Context, drafter: Drafter, planner: Planner, promp
                 return
 
 
-def settle(ctx: Context, sampler: TokenSampler, pending: list[int], path_tokens: list[int]) -> int:
-    """Draw the token after the accepted path from single-token forwards of what is not yet
-    in the cache (at least the path's last token), as plain decoding computes it."""
+def settle(ctx: Context, sampler: TokenSampler, pending: list[int]) -> int:
+    """Draw the token after the accepted path (already in the sampler's history) from
+    single-token forwards of what is not yet in the cache (at least the path's last token),
+    as plain decoding computes it."""
     if not pending:
         pending = [ctx.tokens.pop()]
         ctx.seq_rm(0, len(ctx.tokens), -1)
     for token in pending:
         ctx.append(token)
-    saved = sampler.history
-    sampler.extend(path_tokens)
-    token = sampler.sample(ctx.logits(0))
-    sampler.history = saved
-    return token
+    return sampler.sample(ctx.logits(0))

@@ -55,17 +55,19 @@ class DraftTree:
             d[i] = 1 if p < 0 else d[p] + 1
         return d
 
+    def has_child(self) -> np.ndarray:
+        has = np.zeros(len(self), bool)
+        has[self.parents[self.parents >= 0]] = True
+        return has
+
     def n_leaves(self) -> int:
-        has_child = np.zeros(len(self), bool)
-        has_child[self.parents[self.parents >= 0]] = True
-        return int((~has_child).sum())
+        return int((~self.has_child()).sum())
 
     def path_seqs(self) -> list[list[int]]:
         """Sequence ids of every node: one sequence per root-to-leaf path, so that a node
         belongs to the paths of all the leaves below it (the tree-attention mask)."""
         n = len(self)
-        has_child = np.zeros(n, bool)
-        has_child[self.parents[self.parents >= 0]] = True
+        has_child = self.has_child()
         seqs: list[list[int]] = [[] for _ in range(n)]
         leaf = 0
         for i in range(n):
@@ -101,7 +103,7 @@ def verify_tree(ctx: Context, tree: DraftTree, pending: list[int], sampler: Toke
     n_past = len(ctx.tokens)
     root_row = len(pending) - 1
     seqs = tree.path_seqs()
-    n_seqs = max((max(s) for s in seqs), default=0) + 1
+    n_seqs = tree.n_leaves()
     for s in range(1, n_seqs):
         ctx.seq_cp(0, s, 0, -1)  # every path sees the committed context
     all_seqs = list(range(n_seqs))

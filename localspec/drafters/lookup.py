@@ -49,7 +49,6 @@ class LookupDrafter:
         return tree
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
-        end = verdict.path[-1] if verdict.path else -1
-        reached_leaf = end >= 0 and not np.any(tree.parents == end)
+        reached_leaf = bool(verdict.path) and not tree.has_child()[verdict.path[-1]]
         n = len(verdict.path)
         self.acceptance[self._n_match].add(n, n + (0 if reached_leaf else 1))

@@ -37,12 +37,18 @@ class CostCurve:
         return self.cost(n) / self.seconds[0]
 
 
+def filler_tokens(ctx: Context, n: int) -> list[int]:
+    """Ordinary (not special) token ids spread over the vocabulary: timing and rounding do not
+    depend on what the tokens say."""
+    return [100 + (i * 7919) % (ctx.model.n_vocab - 200) for i in range(n)]
+
+
 def measure(ctx: Context, max_batch: int = 16, n_context: int = 256, repeats: int = 7) -> CostCurve:
     """Time batches of 1..max_batch tokens (all rows output, as in verification) after a
     context of n_context tokens. Sizes are interleaved within each repeat so drift in the
     machine's speed spreads over all of them; the median of the repeats is kept."""
     ctx.clear()
-    filler = [100 + (i * 7919) % (ctx.model.n_vocab - 200) for i in range(n_context + max_batch)]
+    filler = filler_tokens(ctx, n_context + max_batch)
     ctx.prefill(filler[:n_context])
     times: dict[int, list[float]] = {n: [] for n in range(1, max_batch + 1)}
     with progress_bar("measuring cost curve", repeats * max_batch, unit="forwards") as advance:
@@ -73,7 +79,7 @@ def measure_discrepancy(ctx: Context, max_batch: int = 12, contexts=(64, 320)) -
     worst = 0.0
     for n_context in contexts:
         ctx.clear()
-        tokens = [100 + (i * 7919) % (ctx.model.n_vocab - 200) for i in range(n_context + max_batch)]
+        tokens = filler_tokens(ctx, n_context + max_batch)
         ctx.prefill(tokens[:n_context])
         single = []
         for t in tokens[n_context:]:

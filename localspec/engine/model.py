@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,7 @@ def _log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     if level == 4:  # GGML_LOG_LEVEL_ERROR
         _recent_log.append(line.strip())
     if os.environ.get("LOCALSPEC_VERBOSE"):
-        print(line, end="", file=__import__("sys").stderr)
+        print(line, end="", file=sys.stderr)
 
 
 ll.llama_log_set(_log, ctypes.c_void_p(0))
