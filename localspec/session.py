@@ -27,6 +27,11 @@ class EngineConfig:
     n_gpu_layers: int = 0
     flash_attn: str = "auto"
     n_seq_max: int = 8     # root-to-leaf paths a draft tree may have
+    # Greedy output bit-identical to plain decoding, not only up to ties: plain weight layouts
+    # and a bf16 KV cache, under which llama.cpp's CPU batches of up to 6 tokens reproduce
+    # single-token decoding exactly (the cost curve measures how far), and verification
+    # batches kept within that size. Where no batch is exact, near-ties are settled instead.
+    strict: bool = False
 
 
 class Session:
@@ -34,9 +39,10 @@ class Session:
 
     def __init__(self, cfg: EngineConfig):
         self.cfg = cfg
-        self.model = Model(store.resolve(cfg.model), n_gpu_layers=cfg.n_gpu_layers)
+        self.model = Model(store.resolve(cfg.model), n_gpu_layers=cfg.n_gpu_layers, repack=not cfg.strict)
         self.ctx = Context(self.model, ContextConfig(
-            n_ctx=cfg.n_ctx, n_threads=cfg.threads, flash_attn=cfg.flash_attn, n_seq_max=cfg.n_seq_max))
+            n_ctx=cfg.n_ctx, n_threads=cfg.threads, flash_attn=cfg.flash_attn, n_seq_max=cfg.n_seq_max,
+            kv_type="bf16" if cfg.strict else "f16"))
         self._curve: CostCurve | None = None
         self._drafters: dict[tuple, object] = {}
 
@@ -73,16 +79,21 @@ class Session:
         return self._drafters[key]
 
     def generate(self, prompt: Sequence[int], max_tokens: int, sampling: SamplingConfig,
-                 drafter: str = "none", stats: SpecStats | None = None, strict: bool = False,
+                 drafter: str = "none", stats: SpecStats | None = None,
                  max_nodes: int | None = None, stop_at_eog: bool = True) -> Iterator[int]:
         d = self.drafter(drafter, sampling, max_nodes)
         if d is None:
             return generate(self.ctx, prompt, max_tokens, sampling, stats, stop_at_eog)
-        if strict and sampling.temperature > 0:
-            raise LocalspecError("--strict applies to greedy decoding (temperature 0)")
-        tie_bound = self.curve.discrepancy * 2 if strict else 0.0
+        max_batch, tie_bound = None, 0.0
+        if self.cfg.strict:
+            if sampling.temperature > 0:
+                raise LocalspecError("--strict applies to greedy decoding (temperature 0)")
+            if self.curve.exact_batch >= 2:
+                max_batch = self.curve.exact_batch
+            else:
+                tie_bound = self.curve.discrepancy * 2
         return speculative_generate(self.ctx, d, self.planner(max_nodes), prompt, max_tokens,
-                                    sampling, stats, tie_bound, stop_at_eog)
+                                    sampling, stats, tie_bound, stop_at_eog, max_batch)
 
     def close(self) -> None:
         for d in self._drafters.values():

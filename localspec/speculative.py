@@ -44,10 +44,11 @@ class SpecStats(GenerationStats):
 def speculative_generate(ctx: Context, drafter: Drafter, planner: Planner, prompt: Sequence[int],
                          max_tokens: int, sampling: SamplingConfig = SamplingConfig(),
                          stats: SpecStats | None = None, tie_bound: float = 0.0,
-                         stop_at_eog: bool = True) -> Iterator[int]:
+                         stop_at_eog: bool = True, max_batch: int | None = None) -> Iterator[int]:
     """Yield up to `max_tokens` tokens. With tie_bound > 0 (strict, greedy), a position whose
     top-two gap in the batched logits is below it is decided by a single-token forward, as
-    plain decoding would."""
+    plain decoding would. `max_batch` caps every target forward (strict: the largest batch
+    that reproduces single-token decoding)."""
     stats = stats if stats is not None else SpecStats()
     stats.n_prompt = len(prompt)
     sampler = TokenSampler(sampling, list(prompt))
@@ -62,7 +63,8 @@ def speculative_generate(ctx: Context, drafter: Drafter, planner: Planner, promp
     yield first
     pending = [first]  # emitted, not yet in the KV cache; the last is the next tree's root
     while n_out < max_tokens and not (stop_at_eog and ctx.model.is_eog(pending[-1])):
-        room = min(max_tokens - n_out - 1, ctx.n_ctx - len(ctx.tokens) - len(pending) - 1)
+        room = min(max_tokens - n_out - 1, ctx.n_ctx - len(ctx.tokens) - len(pending) - 1,
+                   (max_batch or ctx.n_ctx) - len(pending))
         tree = planner.size(drafter.propose(ctx.tokens + pending, room)) if room > 0 \
             else DraftTree.empty()
         if len(tree) == 0:

@@ -67,10 +67,10 @@ def prompt_tokens(session: Session, p: Prompt) -> list[int]:
 
 
 def run_ours(session: Session, tokens: list[int], drafter: str, max_tokens: int,
-             sampling: SamplingConfig, strict: bool) -> tuple[list[int], Run]:
+             sampling: SamplingConfig) -> tuple[list[int], Run]:
     session.ctx.clear()  # every configuration starts cold: no prefix cache between them
     stats = SpecStats()
-    out = list(session.generate(tokens, max_tokens, sampling, drafter, stats, strict))
+    out = list(session.generate(tokens, max_tokens, sampling, drafter, stats))
     return out, Run(n_tokens=stats.n_generated, n_timed=stats.n_generated - 1, seconds=stats.t_generate,
                     drafted=stats.n_drafted, accepted=stats.n_accepted,
                     forwards=stats.n_forwards + 1 if stats.n_forwards else 0,
@@ -92,21 +92,22 @@ def near_tie(session: Session, prompt: list[int], plain: list[int], other: list[
 
 
 def run_bench(session: Session, prompts: list[Prompt], drafters: list[str], max_tokens: int,
-              sampling: SamplingConfig, strict: bool = False, anchors: list | None = None,
+              sampling: SamplingConfig, anchors: list | None = None,
               advance: Callable[[int], None] = lambda n: None) -> list[Config]:
     """Plain first on each prompt, then every drafter, then every anchor."""
     greedy = sampling.temperature <= 0
     plain = Config("plain", "none")
-    ours = [Config(d + (" --strict" if strict else ""), d) for d in drafters if d != "none"]
+    suffix = " --strict" if session.cfg.strict else ""
+    ours = [Config(d + suffix, d) for d in drafters if d != "none"]
     anchors = anchors or []
     configs = [plain, *ours, *[Config(a.name, a.kind) for a in anchors]]
     for p in prompts:
         tokens = prompt_tokens(session, p)
-        ref, run = run_ours(session, tokens, "none", max_tokens, sampling, False)
+        ref, run = run_ours(session, tokens, "none", max_tokens, sampling)
         plain.runs.append(run)
         ref_text = session.model.detokenize([t for t in ref if not session.model.is_eog(t)])
         for cfg in ours:
-            out, run = run_ours(session, tokens, cfg.drafter, max_tokens, sampling, strict)
+            out, run = run_ours(session, tokens, cfg.drafter, max_tokens, sampling)
             if greedy:
                 run.identical = out == ref
                 if not run.identical:

@@ -16,6 +16,7 @@ from localspec.errors import LocalspecError
 
 FLASH_ATTN = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
               "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+KV_TYPES = {"f16": 1, "bf16": 30, "q8_0": 8, "f32": 0}  # ggml_type values
 
 
 def default_threads() -> int:
@@ -30,6 +31,7 @@ class ContextConfig:
     n_seq_max: int = 1         # sequences: one per root-to-leaf path of a draft tree
     n_threads: int = 0         # 0: all cores
     flash_attn: str = "auto"   # auto | on | off
+    kv_type: str = "f16"       # f16 | bf16 | q8_0 | f32: element type of the KV cache
     embeddings: bool = False   # also return final hidden states (the LM-head input)
 
 
@@ -48,6 +50,7 @@ class Context:
         p.kv_unified = True  # one KV buffer: sequence masks over it are tree-attention masks
         p.n_threads = p.n_threads_batch = config.n_threads or default_threads()
         p.flash_attn_type = FLASH_ATTN[config.flash_attn]
+        p.type_k = p.type_v = KV_TYPES[config.kv_type]
         p.embeddings = config.embeddings
         p.no_perf = True
         ptr = ll.llama_init_from_model(model.ptr, p)

@@ -28,6 +28,8 @@ class CostCurve:
     # Largest |logit| difference between a batched forward and single-token forwards of the
     # same positions: below it, two computations may rank two tokens differently.
     discrepancy: float = 0.0
+    # Largest n such that batches of 2..n reproduced single-token logits bit for bit (1: none).
+    exact_batch: int = 1
 
     def cost(self, n: int) -> float:
         return self.seconds[min(n, len(self.seconds)) - 1]
@@ -67,16 +69,17 @@ def measure(ctx: Context, max_batch: int = 16, n_context: int = 256, repeats: in
     # otherwise the larger batch's time is the better estimate.
     for i in range(len(seconds) - 2, -1, -1):
         seconds[i] = min(seconds[i], seconds[i + 1])
-    return CostCurve(seconds, n_context, measure_discrepancy(ctx, max_batch))
+    return CostCurve(seconds, n_context, *measure_discrepancy(ctx, max_batch))
 
 
-def measure_discrepancy(ctx: Context, max_batch: int = 12, contexts=(64, 320)) -> float:
+def measure_discrepancy(ctx: Context, max_batch: int = 12, contexts=(64, 320)) -> tuple[float, int]:
     """Decode the same positions one token at a time and as batches of 2..max_batch, after a
-    short and a longer context, and return the largest logit difference seen. llama.cpp's
-    batched kernels need not reproduce single-token results bit for bit: on this CPU,
-    multi-threaded flash attention changes its split of the work once the KV cache passes
-    256 cells, and without flash attention the matrix kernels change at batch 8."""
-    worst = 0.0
+    short and a longer context; return the largest logit difference seen and the largest n
+    for which batches of 2..n were exact. llama.cpp's batched kernels need not reproduce
+    single-token results bit for bit: on a CPU, repacked weights switch to matrix-matrix
+    kernels at 4 rows, and flash attention over an f16 cache splits a single token's work
+    across threads once the cache passes 256 cells (docs/benchmarks.md, kernel settings)."""
+    worst_by_size = [0.0] * (max_batch + 1)
     for n_context in contexts:
         ctx.clear()
         tokens = filler_tokens(ctx, n_context + max_batch)
@@ -90,17 +93,18 @@ def measure_discrepancy(ctx: Context, max_batch: int = 12, contexts=(64, 320)) -
             ctx.decode(tokens[n_context:n_context + n], range(n_context, n_context + n),
                        outputs=[True] * n)
             for i in range(n):
-                worst = max(worst, float(abs(ctx.logits(i) - single[i]).max()))
+                worst_by_size[n] = max(worst_by_size[n], float(abs(ctx.logits(i) - single[i]).max()))
             ctx.seq_rm(0, n_context, -1)
     ctx.clear()
-    return worst
+    exact = next((n - 1 for n in range(2, max_batch + 1) if worst_by_size[n] > 0), max_batch)
+    return max(worst_by_size), exact
 
 
 def cache_key(ctx: Context) -> str:
     st = ctx.model.path.stat()
-    parts = ["v2", str(ctx.model.path.resolve()), str(st.st_size), str(st.st_mtime_ns), ll.__version__,
+    parts = ["v3", str(ctx.model.path.resolve()), str(st.st_size), str(st.st_mtime_ns), ll.__version__,
              _native.system_info(), str(ctx.config.n_threads), ctx.config.flash_attn,
-             str(ctx.model.n_gpu_layers)]
+             ctx.config.kv_type, str(ctx.model.repack), str(ctx.model.n_gpu_layers)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
@@ -113,8 +117,8 @@ def cost_curve(ctx: Context, max_batch: int = 16, refresh: bool = False, repeats
     path = cache_path(ctx)
     if path.exists() and not refresh:
         data = json.loads(path.read_text())
-        if len(data["seconds"]) >= max_batch and "discrepancy" in data:
-            return CostCurve(data["seconds"], data["n_context"], data.get("discrepancy", 0.0))
+        if len(data["seconds"]) >= max_batch:
+            return CostCurve(data["seconds"], data["n_context"], data["discrepancy"], data["exact_batch"])
     curve = measure(ctx, max_batch, repeats=repeats)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = asdict(curve) | {"model": str(ctx.model.path), "llama_cpp": ll.__version__}

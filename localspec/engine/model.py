@@ -61,12 +61,16 @@ class SpecialTokens:
 class Model:
     """Owns a llama_model. Tokenization lives here because it needs only the vocabulary."""
 
-    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0):
+    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, repack: bool = True):
         self.path = Path(path)
         self.n_gpu_layers = n_gpu_layers
+        self.repack = repack
         check_gguf(self.path)
         params = ll.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        # CPU weight repacking (interleaved layouts) is faster, but its kernels switch from
+        # matrix-vector to matrix-matrix at 4 rows, so batches stop reproducing single tokens.
+        params.use_extra_bufts = repack
         _recent_log.clear()
         ptr = ll.llama_model_load_from_file(str(self.path).encode(), params)
         if not ptr:

@@ -1,0 +1,77 @@
+"""How llama.cpp's CPU settings move the cost of verification batches and whether a batch
+reproduces single-token decoding: weight repacking on/off x flash attention on/off.
+
+    .venv/bin/python scripts/kernel_settings.py [--model qwen2.5-coder-1.5b-instruct] [--threads 2]
+"""
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from localspec import store
+from localspec.engine import Context, Model
+from localspec.engine.context import ContextConfig
+from localspec.engine.cost import filler_tokens
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--sizes", default="1,2,3,4,5,6,8,12")
+ap.add_argument("--configs", default="repack=on fa=on kv=f16,repack=on fa=off kv=f16,"
+                "repack=off fa=on kv=f16,repack=off fa=off kv=f16",
+                help="comma-separated; each sets repack, fa (flash attention) and kv (cache type)")
+args = ap.parse_args()
+sizes = [int(s) for s in args.sizes.split(",")]
+
+
+def cost(ctx, n_context=256, repeats=7):
+    tokens = filler_tokens(ctx, n_context + max(sizes))
+    ctx.prefill(tokens[:n_context])
+    out = {}
+    for n in sizes:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            ctx.decode(tokens[n_context:n_context + n], range(n_context, n_context + n), outputs=[True] * n)
+            times.append(time.perf_counter() - t0)
+            ctx.seq_rm(0, n_context, -1)
+        out[n] = statistics.median(times[1:])
+    ctx.clear()
+    return out
+
+
+def discrepancy(ctx, n_context):
+    """Largest logit difference, per batch size, between a batch and single-token decoding."""
+    tokens = filler_tokens(ctx, n_context + max(sizes))
+    ctx.prefill(tokens[:n_context])
+    single = []
+    for t in tokens[n_context:]:
+        ctx.append(t)
+        single.append(ctx.logits(0).copy())
+    ctx.truncate(n_context)
+    out = {}
+    for n in sizes[1:]:
+        ctx.decode(tokens[n_context:n_context + n], range(n_context, n_context + n), outputs=[True] * n)
+        out[n] = max(float(np.abs(ctx.logits(i) - single[i]).max()) for i in range(n))
+        ctx.seq_rm(0, n_context, -1)
+    ctx.clear()
+    return out
+
+
+models = {}
+for spec in args.configs.split(","):
+    s = dict(kv.split("=") for kv in spec.split())
+    repack = s.get("repack", "on") == "on"
+    if repack not in models:
+        models[repack] = Model(store.resolve(args.model), repack=repack)
+    config = ContextConfig(n_ctx=1024, n_threads=args.threads, flash_attn=s.get("fa", "on"),
+                           kv_type=s.get("kv", "f16"))
+    with Context(models[repack], config) as ctx:
+        c = cost(ctx)
+        d = {n_context: discrepancy(ctx, n_context) for n_context in (64, 320)}
+    print(f"{spec}: single {c[1] * 1e3:.1f} ms; cost "
+          + " ".join(f"{n}:{c[n] / c[1]:.2f}" for n in sizes[1:]), flush=True)
+    for n_context, dn in d.items():
+        print(f"    max |batch - single| after {n_context}: "
+              + " ".join(f"{n}:{v:.3g}" for n, v in dn.items()), flush=True)
