@@ -121,6 +121,32 @@ class BenchConfig:
     chart: str | None
 
 
+def cmd_train(a: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from localspec.store import resolve
+    try:
+        from localspec.train.jakiro import TrainConfig, train_jakiro
+    except ImportError as e:
+        raise LocalspecError(f"training needs torch: pip install 'localspec[train]' ({e})") from None
+    cfg = TrainConfig(target=resolve(a.target), out=Path(a.out), max_tokens=a.max_tokens,
+                      seq_len=a.seq_len, epochs=a.epochs, lr=a.lr, draft_vocab=a.draft_vocab,
+                      n_experts=a.experts, gamma=a.gamma, code_share=a.code_share, seed=a.seed,
+                      n_threads=a.threads)
+    train_jakiro(cfg)
+
+
+def cmd_convert(a: argparse.Namespace) -> None:
+    from localspec.convert import convert_checkpoint, inspect_gguf
+    out = convert_checkpoint(a.checkpoint, a.out, a.type)
+    print(inspect_gguf(out))
+
+
+def cmd_inspect(a: argparse.Namespace) -> None:
+    from localspec.convert import inspect_gguf
+    print(inspect_gguf(a.file))
+
+
 def cmd_bench(a: argparse.Namespace) -> None:
     from pathlib import Path
 
@@ -210,6 +236,32 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("rm", help="remove a stored model")
     r.add_argument("name")
     r.set_defaults(func=cmd_rm)
+
+    t = sub.add_parser("train", help="train a drafter for a target model")
+    t.add_argument("kind", choices=["jakiro"])
+    t.add_argument("--target", required=True, help="registry name or path to the target .gguf")
+    t.add_argument("--out", required=True, help="checkpoint folder (resumes if it holds one)")
+    t.add_argument("--max-tokens", type=int, default=200_000, help="corpus tokens to extract features for")
+    t.add_argument("--seq-len", type=int, default=1024)
+    t.add_argument("--epochs", type=int, default=2)
+    t.add_argument("--lr", type=float, default=9e-5)
+    t.add_argument("--draft-vocab", type=int, default=32_000, help="head rows kept (0: all)")
+    t.add_argument("--experts", type=int, default=2, help="N (two are activated)")
+    t.add_argument("--gamma", type=int, default=6, help="draft steps per round")
+    t.add_argument("--code-share", type=float, default=0.5, help="share of examples that are code")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--threads", type=int, default=0)
+    t.set_defaults(func=cmd_train)
+
+    cv = sub.add_parser("convert", help="write a trained drafter checkpoint as GGUF")
+    cv.add_argument("checkpoint")
+    cv.add_argument("out")
+    cv.add_argument("--type", choices=["f32", "f16", "q8_0"], default="q8_0")
+    cv.set_defaults(func=cmd_convert)
+
+    ins = sub.add_parser("inspect", help="print a GGUF's metadata and tensors")
+    ins.add_argument("file")
+    ins.set_defaults(func=cmd_inspect)
 
     c = sub.add_parser("cost", help="measure (or show the cached) cost curve of a model")
     add_engine_args(c)

@@ -1,0 +1,164 @@
+"""Trained drafters to GGUF (architecture `jakiro`), back again for tests, and `inspect`.
+
+Metadata names the target the drafter was made for (name, vocabulary size, hidden size,
+tokenizer hash), so loading it beside another target fails in one line. Matrices are stored
+as f32, f16 or q8_0; norms, biases and the router stay f32 (they are tiny)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf.quants import dequantize, quantize
+
+from localspec.drafters.jakiro_config import JakiroConfig
+from localspec.errors import LocalspecError
+
+ARCH = "jakiro"
+TYPES = {"f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16,
+         "q8_0": GGMLQuantizationType.Q8_0}
+# torch parameter name -> GGUF tensor name
+_NAMES = {"fc.weight": "fc.weight", "fc.bias": "fc.bias", "q.weight": "attn_q.weight",
+          "k.weight": "attn_k.weight", "v.weight": "attn_v.weight", "o.weight": "attn_output.weight",
+          "norm.weight": "ffn_norm.weight", "router.weight": "ffn_gate_inp.weight"}
+_EXPERT = {"gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
+_META = [  # (config field, GGUF key suffix)
+    ("target_name", "target.name"), ("target_vocab", "target.vocab_size"),
+    ("target_tokenizer", "target.tokenizer_hash"), ("d_model", "embedding_length"),
+    ("n_heads", "attention.head_count"), ("rope_theta", "rope.freq_base"),
+    ("norm_eps", "attention.layer_norm_rms_epsilon"), ("n_experts", "expert_count"),
+    ("top_k", "expert_used_count"), ("d_expert", "expert_feed_forward_length"),
+    ("gamma", "draft_steps"), ("beta1", "contrastive.beta1"), ("beta2", "contrastive.beta2"),
+]
+
+
+def gguf_name(torch_name: str) -> str:
+    if torch_name.startswith("experts."):
+        _, j, part, kind = torch_name.split(".")
+        return f"{_EXPERT[part]}.{j}.{kind}"
+    return _NAMES[torch_name]
+
+
+def torch_name(name: str) -> str:
+    for k, v in _NAMES.items():
+        if v == name:
+            return k
+    part, j, kind = name.split(".")
+    return f"experts.{j}.{next(k for k, v in _EXPERT.items() if v == part)}.{kind}"
+
+
+def write_gguf(cfg: JakiroConfig, state: dict[str, np.ndarray], path: Path, dtype: str = "q8_0") -> None:
+    if dtype not in TYPES:
+        raise LocalspecError(f"tensor type must be one of {', '.join(TYPES)} (got {dtype})")
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    w = GGUFWriter(str(tmp), ARCH)
+    w.add_name(f"jakiro drafter for {cfg.target_name}")
+    for field, key in _META:
+        value = getattr(cfg, field)
+        full = f"{ARCH}.{key}"
+        if isinstance(value, str):
+            w.add_string(full, value)
+        elif isinstance(value, float):
+            w.add_float64(full, value)
+        else:
+            w.add_uint32(full, int(value))
+    for name, value in state.items():
+        value = np.ascontiguousarray(value, np.float32)
+        qtype = TYPES[dtype] if value.ndim == 2 and name != "router.weight" else TYPES["f32"]
+        if qtype == GGMLQuantizationType.Q8_0 and value.shape[-1] % 32:
+            qtype = GGMLQuantizationType.F16
+        data = value if qtype == GGMLQuantizationType.F32 else \
+            value.astype(np.float16) if qtype == GGMLQuantizationType.F16 else quantize(value, qtype)
+        w.add_tensor(gguf_name(name), data,
+                     raw_dtype=qtype if qtype == GGMLQuantizationType.Q8_0 else None)
+    # The draft vocabulary map (draft row -> target token id), as EAGLE-3's d2t.
+    vocab = np.asarray(cfg.draft_vocab or range(cfg.target_vocab), np.int32)
+    w.add_tensor("d2t", vocab)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, path)
+
+
+def read_gguf(path: Path) -> tuple[JakiroConfig, dict[str, np.ndarray]]:
+    """The config and float32 weights of a Jakiro GGUF."""
+    path = Path(path)
+    if not path.exists():
+        raise LocalspecError(f"drafter file not found: {path}")
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as e:  # the gguf package raises plain ValueErrors on bad files
+        raise LocalspecError(f"not a readable GGUF file: {path} ({e})") from None
+    arch = reader.get_field("general.architecture")
+    if arch is None or arch.contents() != ARCH:
+        raise LocalspecError(f"{path.name} is not a Jakiro drafter (architecture "
+                             f"{arch.contents() if arch else 'missing'})")
+    values = {}
+    for field, key in _META:
+        f = reader.get_field(f"{ARCH}.{key}")
+        if f is None:
+            raise LocalspecError(f"{path.name}: missing metadata {ARCH}.{key}")
+        values[field] = f.contents()
+    state, d2t = {}, None
+    for t in reader.tensors:
+        data = np.asarray(t.data)
+        if t.name == "d2t":
+            d2t = data.astype(np.int64)
+            continue
+        shape = tuple(int(n) for n in reversed(t.shape))
+        state[torch_name(t.name)] = dequantize(data, t.tensor_type).reshape(shape).astype(np.float32)
+    if d2t is None:
+        raise LocalspecError(f"{path.name}: missing the d2t tensor")
+    draft_vocab = [] if len(d2t) == values["target_vocab"] and (d2t == np.arange(len(d2t))).all() \
+        else d2t.tolist()
+    return JakiroConfig(**values, draft_vocab=draft_vocab), state
+
+
+def check_target(cfg: JakiroConfig, vocab: int, d_model: int, tokenizer: str, target: str) -> None:
+    """Refuse a drafter made for another target, in one line."""
+    if (cfg.target_vocab, cfg.d_model, cfg.target_tokenizer) != (vocab, d_model, tokenizer):
+        raise LocalspecError(
+            f"drafter made for {cfg.target_name} (vocab {cfg.target_vocab}, hidden "
+            f"{cfg.d_model}, tokenizer {cfg.target_tokenizer}) cannot draft for {target} "
+            f"(vocab {vocab}, hidden {d_model}, tokenizer {tokenizer})")
+
+
+def convert_checkpoint(checkpoint: Path, out: Path, dtype: str = "q8_0") -> Path:
+    import torch
+    if not Path(checkpoint).exists():
+        raise LocalspecError(f"checkpoint not found: {checkpoint}")
+    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    cfg = JakiroConfig.from_dict(ckpt["config"])
+    state = {k: v.float().numpy() for k, v in ckpt["state"].items()}
+    write_gguf(cfg, state, out, dtype)
+    return Path(out)
+
+
+def inspect_gguf(path: Path) -> str:
+    """Metadata and tensors of any GGUF, one per line (arrays summarised)."""
+    path = Path(path)
+    if not path.exists():
+        raise LocalspecError(f"file not found: {path}")
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as e:
+        raise LocalspecError(f"not a readable GGUF file: {path} ({e})") from None
+    lines = [f"{path}"]
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF."):
+            continue
+        value = field.contents()
+        if isinstance(value, list) and len(value) > 8:
+            value = f"[{len(value)} items: {', '.join(map(str, value[:4]))}, ...]"
+        lines.append(f"  {name} = {value}")
+    total = 0
+    for t in reader.tensors:
+        shape = "×".join(str(int(n)) for n in reversed(t.shape))
+        lines.append(f"  tensor {t.name:28s} {t.tensor_type.name:5s} {shape}")
+        total += int(t.n_bytes)
+    lines.append(f"  {len(reader.tensors)} tensors, {total / 1e6:.1f} MB")
+    return "\n".join(lines)

@@ -1,0 +1,142 @@
+"""Target features for drafter training, computed by llama.cpp itself (so training sees exactly
+the hidden states inference will see) and cached on disk in memory-mapped shards.
+
+A store is a folder per target: shard-NNNNN.{tokens,mask,offsets,hidden}.npy and a manifest
+that lists finished shards and how many corpus examples they consumed. A shard is written
+under a temporary name and renamed when complete, then the manifest is replaced atomically, so
+an interrupted extraction resumes after its last finished shard."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import llama_cpp as ll
+import numpy as np
+
+from localspec.engine.context import Context, ContextConfig
+from localspec.engine.model import Model
+from localspec.errors import LocalspecError
+from localspec.progress import progress_bar
+from localspec.train.corpus import Example
+
+UBATCH = 16
+
+
+def tokenizer_hash(model: Model) -> str:
+    """A hash of the vocabulary's token pieces: two GGUFs with the same value tokenize alike."""
+    h = hashlib.sha256()
+    for t in range(model.n_vocab):
+        h.update(model.token_bytes(t, special=True) + b"\0")
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Shard:
+    tokens: np.ndarray   # int32, all examples concatenated
+    mask: np.ndarray     # bool, per token: learnt
+    offsets: np.ndarray  # int64, example i is [offsets[i], offsets[i+1])
+    hidden: np.ndarray   # float16 (n_tokens, n_embd): the target's LM-head input per token
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def example(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        a, b = self.offsets[i], self.offsets[i + 1]
+        return self.tokens[a:b], self.mask[a:b], self.hidden[a:b]
+
+
+class FeatureStore:
+    def __init__(self, root: Path, model: Model):
+        self.model = model
+        self.dir = Path(root) / f"{model.path.stem}-{tokenizer_hash(model)}-{model.n_embd}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.manifest_path = self.dir / "manifest.json"
+        self.manifest = json.loads(self.manifest_path.read_text()) if self.manifest_path.exists() \
+            else {"target": model.path.name, "n_embd": model.n_embd, "shards": [], "n_examples": 0}
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(s["n_tokens"] for s in self.manifest["shards"])
+
+    def shards(self) -> list[Shard]:
+        return [self.load(s["name"]) for s in self.manifest["shards"]]
+
+    def load(self, name: str) -> Shard:
+        arrays = {k: np.load(self.dir / f"{name}.{k}.npy", mmap_mode="r")
+                  for k in ("tokens", "mask", "offsets", "hidden")}
+        return Shard(**arrays)
+
+    def extract(self, examples: Iterable[Example], max_tokens: int, shard_tokens: int = 32768,
+                n_threads: int = 0) -> Iterator[Shard]:
+        """Run the target over `examples` (skipping those earlier runs consumed) until the store
+        holds `max_tokens`, yielding each shard as it is finished."""
+        done = self.manifest["n_examples"]
+        todo = max_tokens - self.n_tokens
+        if todo <= 0:
+            return
+        n_ctx = 4096
+        # Batches the size of a verification: llama.cpp switches matrix kernels for larger
+        # ones (at 64 rows on SmolLM2), and those round differently from what drafting sees.
+        config = ContextConfig(n_ctx=n_ctx, n_batch=UBATCH, n_ubatch=UBATCH, n_threads=n_threads,
+                               embeddings=True)
+        with Context(self.model, config) as ctx, \
+                progress_bar("extracting target features", todo, unit="tokens") as advance:
+            buf: list[tuple[Example, np.ndarray]] = []
+            n_buf = 0
+            for i, ex in enumerate(examples):
+                if i < done:
+                    continue
+                if len(ex.tokens) > n_ctx:
+                    raise LocalspecError(f"example {ex.id} has {len(ex.tokens)} tokens > {n_ctx}")
+                buf.append((ex, hidden_states(ctx, ex.tokens)))
+                n_buf += len(ex.tokens)
+                advance(len(ex.tokens))
+                if n_buf >= shard_tokens or n_buf >= todo:
+                    yield self._write(buf, i + 1)
+                    todo -= n_buf
+                    buf, n_buf = [], 0
+                    if todo <= 0:
+                        return
+            if buf:
+                yield self._write(buf, done + len(buf))
+
+    def _write(self, buf: list[tuple[Example, np.ndarray]], n_examples: int) -> Shard:
+        name = f"shard-{len(self.manifest['shards']):05d}"
+        lengths = [len(ex.tokens) for ex, _ in buf]
+        arrays = {
+            "tokens": np.concatenate([ex.tokens for ex, _ in buf]).astype(np.int32),
+            "mask": np.concatenate([ex.mask for ex, _ in buf]).astype(bool),
+            "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+            "hidden": np.concatenate([h for _, h in buf]).astype(np.float16),
+        }
+        for key, value in arrays.items():
+            tmp = self.dir / f"{name}.{key}.tmp.npy"
+            np.save(tmp, value)
+            os.replace(tmp, self.dir / f"{name}.{key}.npy")
+        self.manifest["shards"].append({"name": name, "n_tokens": int(sum(lengths)),
+                                        "n_examples": len(buf)})
+        self.manifest["n_examples"] = n_examples
+        tmp = self.manifest_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.manifest, indent=1))
+        os.replace(tmp, self.manifest_path)
+        return self.load(name)
+
+
+def hidden_states(ctx: Context, tokens: np.ndarray) -> np.ndarray:
+    """The target's final hidden state (LM-head input) at every position of `tokens`, decoded
+    from an empty cache in batches of n_batch."""
+    ctx.clear()
+    out = np.empty((len(tokens), ctx.model.n_embd), np.float32)
+    step = ctx.config.n_batch
+    for start in range(0, len(tokens), step):
+        chunk = tokens[start:start + step]
+        ctx.decode(chunk, range(start, start + len(chunk)), outputs=[True] * len(chunk))
+        ptr = ll.llama_get_embeddings(ctx.ptr)
+        out[start:start + len(chunk)] = np.ctypeslib.as_array(ptr, shape=(len(chunk), ctx.model.n_embd))
+    ctx.clear()
+    return out
