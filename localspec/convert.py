@@ -84,38 +84,49 @@ def write_gguf(cfg: JakiroConfig, state: dict[str, np.ndarray], path: Path, dtyp
     os.replace(tmp, path)
 
 
-def read_gguf(path: Path) -> tuple[JakiroConfig, dict[str, np.ndarray]]:
-    """The config and float32 weights of a Jakiro GGUF."""
+def _open(path: Path) -> GGUFReader:
     path = Path(path)
     if not path.exists():
-        raise LocalspecError(f"drafter file not found: {path}")
+        raise LocalspecError(f"file not found: {path}")
     try:
-        reader = GGUFReader(str(path))
+        return GGUFReader(str(path))
     except Exception as e:  # the gguf package raises plain ValueErrors on bad files
         raise LocalspecError(f"not a readable GGUF file: {path} ({e})") from None
+
+
+def _config(reader: GGUFReader, path: Path) -> JakiroConfig:
     arch = reader.get_field("general.architecture")
     if arch is None or arch.contents() != ARCH:
-        raise LocalspecError(f"{path.name} is not a Jakiro drafter (architecture "
+        raise LocalspecError(f"{Path(path).name} is not a Jakiro drafter (architecture "
                              f"{arch.contents() if arch else 'missing'})")
     values = {}
     for field, key in _META:
         f = reader.get_field(f"{ARCH}.{key}")
         if f is None:
-            raise LocalspecError(f"{path.name}: missing metadata {ARCH}.{key}")
+            raise LocalspecError(f"{Path(path).name}: missing metadata {ARCH}.{key}")
         values[field] = f.contents()
-    state, d2t = {}, None
-    for t in reader.tensors:
-        data = np.asarray(t.data)
-        if t.name == "d2t":
-            d2t = data.astype(np.int64)
-            continue
-        shape = tuple(int(n) for n in reversed(t.shape))
-        state[torch_name(t.name)] = dequantize(data, t.tensor_type).reshape(shape).astype(np.float32)
+    d2t = next((np.asarray(t.data, np.int64) for t in reader.tensors if t.name == "d2t"), None)
     if d2t is None:
-        raise LocalspecError(f"{path.name}: missing the d2t tensor")
-    draft_vocab = [] if len(d2t) == values["target_vocab"] and (d2t == np.arange(len(d2t))).all() \
-        else d2t.tolist()
-    return JakiroConfig(**values, draft_vocab=draft_vocab), state
+        raise LocalspecError(f"{Path(path).name}: missing the d2t tensor")
+    full = len(d2t) == values["target_vocab"] and (d2t == np.arange(len(d2t))).all()
+    return JakiroConfig(**values, draft_vocab=[] if full else d2t.tolist())
+
+
+def read_config(path: Path) -> JakiroConfig:
+    """A Jakiro GGUF's config (metadata and draft vocabulary) without its weights."""
+    return _config(_open(path), path)
+
+
+def read_gguf(path: Path) -> tuple[JakiroConfig, dict[str, np.ndarray]]:
+    """The config and float32 weights of a Jakiro GGUF."""
+    reader = _open(path)
+    cfg = _config(reader, path)
+    state = {}
+    for t in reader.tensors:
+        if t.name != "d2t":
+            shape = tuple(int(n) for n in reversed(t.shape))
+            state[torch_name(t.name)] = dequantize(np.asarray(t.data), t.tensor_type).reshape(shape).astype(np.float32)
+    return cfg, state
 
 
 def check_target(cfg: JakiroConfig, vocab: int, d_model: int, tokenizer: str, target: str) -> None:
@@ -140,13 +151,7 @@ def convert_checkpoint(checkpoint: Path, out: Path, dtype: str = "q8_0") -> Path
 
 def inspect_gguf(path: Path) -> str:
     """Metadata and tensors of any GGUF, one per line (arrays summarised)."""
-    path = Path(path)
-    if not path.exists():
-        raise LocalspecError(f"file not found: {path}")
-    try:
-        reader = GGUFReader(str(path))
-    except Exception as e:
-        raise LocalspecError(f"not a readable GGUF file: {path} ({e})") from None
+    reader = _open(path)
     lines = [f"{path}"]
     for name, field in reader.fields.items():
         if name.startswith("GGUF."):

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "decode.h"
+#include "jakiro.h"
 #include "ngram.h"
 #include "sampling.h"
 #include "verify.h"
@@ -36,6 +37,13 @@ void check_row(const vec_in<float> & logits, const vec_in<const int32_t> & histo
 }
 
 using rows_in = nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// A float array of any shape owning `v`'s data.
+nb::ndarray<nb::numpy, float> to_numpy(std::vector<float> && v, std::initializer_list<size_t> shape) {
+    auto * owned = new std::vector<float>(std::move(v));
+    nb::capsule owner(owned, [](void * p) noexcept { delete static_cast<std::vector<float> *>(p); });
+    return nb::ndarray<nb::numpy, float>(owned->data(), shape.size(), shape.begin(), owner);
+}
 
 // A draft tree from numpy arrays; q arrays empty = deterministic drafts.
 ls::draft_tree make_tree(const vec_in<const int32_t> & tokens, const vec_in<const int32_t> & parents,
@@ -223,6 +231,57 @@ NB_MODULE(_native, m) {
             },
             "max_nodes"_a, "max_depth"_a, "max_occurrences"_a = 32,
             "(tokens, parents, counts, n_match, n_occurrences) of a draft tree.");
+
+    nb::class_<ls::jakiro_model>(m, "JakiroModel")
+        .def(nb::init<const std::string &, const std::string &, int32_t, int32_t>(), "drafter"_a,
+             "target"_a, "n_ctx"_a, "n_threads"_a)
+        .def_prop_ro("n_cached", &ls::jakiro_model::n_cached)
+        .def_prop_ro("n_ctx", &ls::jakiro_model::n_ctx)
+        .def("draft_vocab", [](const ls::jakiro_model & j) { return to_numpy(j.draft_vocab()); })
+        .def("hparams", [](const ls::jakiro_model & j) {
+            const ls::jakiro_hparams & h = j.hparams();
+            nb::dict d;
+            d["target_name"] = h.target_name;
+            d["target_tokenizer"] = h.target_tokenizer;
+            d["target_vocab"] = h.target_vocab;
+            d["d_model"] = h.d_model;
+            d["n_heads"] = h.n_heads;
+            d["n_experts"] = h.n_experts;
+            d["top_k"] = h.top_k;
+            d["d_expert"] = h.d_expert;
+            d["gamma"] = h.gamma;
+            d["rope_theta"] = h.rope_theta;
+            d["norm_eps"] = h.norm_eps;
+            d["beta1"] = h.beta1;
+            d["beta2"] = h.beta2;
+            return d;
+        })
+        .def(
+            "step",
+            [](ls::jakiro_model & j, rows_in feats, vec_in<const int32_t> tokens, vec_in<const int32_t> pos,
+               rows_in mask) {
+                const size_t n = tokens.shape(0), d = size_t(j.hparams().d_model),
+                             N = size_t(j.hparams().n_experts);
+                if (feats.shape(0) != n || feats.shape(1) != d || pos.shape(0) != n ||
+                    mask.shape(0) != n || mask.shape(1) != size_t(j.n_cached()) + n) {
+                    throw nb::value_error("step: feats (n, d), tokens (n), pos (n), mask (n, n_cached + n)");
+                }
+                ls::jakiro_step_out o = j.step(feats.data(), tokens.data(), pos.data(), mask.data(), int32_t(n));
+                return nb::make_tuple(to_numpy(std::move(o.u), {n, d}),
+                                      to_numpy(std::move(o.experts), {n, N, d}),
+                                      to_numpy(std::move(o.router), {n, N}));
+            },
+            "feats"_a, "tokens"_a, "pos"_a, "mask"_a,
+            "One decoder-layer pass: (u, expert outputs (n, N, d), router logits (n, N)).")
+        .def(
+            "logits",
+            [](ls::jakiro_model & j, rows_in feats) {
+                if (feats.shape(1) != size_t(j.hparams().d_model)) throw nb::value_error("logits: feats (m, d)");
+                const size_t m = feats.shape(0);
+                return to_numpy(j.logits(feats.data(), int32_t(m)), {m, j.draft_vocab().size()});
+            },
+            "feats"_a, "Head logits over the draft vocabulary, (m, V').")
+        .def("truncate", &ls::jakiro_model::truncate, "n"_a);
 
     m.def("system_info", []() { return std::string(llama_print_system_info()); },
           "llama.cpp's system info, as the linked library reports it.");

@@ -90,19 +90,22 @@ class JakiroNet(nn.Module):
         out = out.transpose(-3, -2).reshape(*h.shape[:-1], self.cfg.d_model)
         return self.o(out), (k, v)
 
-    def step(self, feats, tokens, pos, mask=None, cache=None):
-        """The decoder layer over a batch of positions. Returns u, the top-2 expert outputs
-        (e_a, e_b), their renormalised weights (s_a, s_b) and the new KV cache."""
+    def layer(self, feats, tokens, pos, mask=None, cache=None):
+        """The decoder layer: u, every expert's output (..., N, d), the router logits and the
+        new KV cache (what the native runtime returns too)."""
         h = self.fc(torch.cat([self.embed[tokens], feats], dim=-1))
         a, cache = self.attention(h, pos, mask, cache)
         u = h + a
         x = self.norm(u)
-        scores = torch.softmax(self.router(x), dim=-1)
-        top_s, top_i = scores.topk(2, dim=-1)
-        top_s = top_s / top_s.sum(-1, keepdim=True)
-        outs = torch.stack([e(x) for e in self.experts], dim=-2)  # (..., N, d): N is small
-        picked = outs.gather(-2, top_i[..., None].expand(*top_i.shape, outs.shape[-1]))
-        return u, picked[..., 0, :], picked[..., 1, :], top_s[..., 0:1], top_s[..., 1:2], cache
+        experts = torch.stack([e(x) for e in self.experts], dim=-2)  # N is small: run them all
+        return u, experts, self.router(x), cache
+
+    def step(self, feats, tokens, pos, mask=None, cache=None):
+        """The decoder layer over a batch of positions. Returns u, the top-2 expert outputs
+        (e_a, e_b), their renormalised weights (s_a, s_b) and the new KV cache."""
+        u, experts, router, cache = self.layer(feats, tokens, pos, mask, cache)
+        e_a, e_b, s_a, s_b = top2(experts, router)
+        return u, e_a, e_b, s_a, s_b, cache
 
     def features(self, u, e_a, e_b, s_a, s_b):
         f_moe = u + s_a * e_a + s_b * e_b
@@ -118,6 +121,15 @@ class JakiroNet(nn.Module):
         pos = torch.arange(feats.shape[-2])
         u, e_a, e_b, s_a, s_b, _ = self.step(feats, tokens, pos)
         return self.features(u, e_a, e_b, s_a, s_b)
+
+
+def top2(experts: torch.Tensor, router: torch.Tensor):
+    """The two activated experts' outputs and their weights renormalised to sum to 1."""
+    scores = torch.softmax(router, dim=-1)
+    top_s, top_i = scores.topk(2, dim=-1)
+    top_s = top_s / top_s.sum(-1, keepdim=True)
+    picked = experts.gather(-2, top_i[..., None].expand(*top_i.shape, experts.shape[-1]))
+    return picked[..., 0, :], picked[..., 1, :], top_s[..., 0:1], top_s[..., 1:2]
 
 
 def init_weights(net: JakiroNet, seed: int = 0) -> None:
