@@ -4,6 +4,7 @@ together once and used for many requests (CLI, bench, later the chat and the ser
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator, Sequence
 
 from localspec import store
@@ -56,8 +57,9 @@ class Session:
         return Planner(self.curve, self.cfg.n_seq_max, max_nodes)
 
     def drafter(self, spec: str, sampling: SamplingConfig, max_nodes: int | None = None):
-        """`lookup`, `draft[:MODEL]` (a chain) or `draft-tree[:MODEL]` (a tree, 4 wide, 2
-        children per node); MODEL a registry name or GGUF path. None for `none`."""
+        """`lookup`, `draft[:MODEL]` (a chain), `draft-tree[:MODEL]` (a tree, 4 wide, 2
+        children per node) or `jakiro:FILE` (a Jakiro drafter GGUF); MODEL a registry name
+        or GGUF path. None for `none`."""
         if spec == "none":
             return None
         key = (spec, sampling, max_nodes)
@@ -72,9 +74,16 @@ class Session:
                 d = DraftModelDrafter(dm, self.model, sampling, self.planner(max_nodes),
                                       width=4 if kind == "draft-tree" else 1,
                                       n_ctx=self.cfg.n_ctx, n_threads=self.cfg.threads)
+            elif kind == "jakiro":
+                from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime
+                if not arg:
+                    raise LocalspecError("the Jakiro drafter needs its file: --drafter jakiro:PATH.gguf")
+                self.ctx.set_embeddings(True)
+                d = JakiroDrafter(JakiroRuntime(Path(arg), self.model, self.cfg.n_ctx, self.cfg.threads),
+                                  self.planner(max_nodes))
             else:
                 raise LocalspecError(f"unknown drafter '{spec}' (none, lookup, draft[:MODEL], "
-                                     "draft-tree[:MODEL])")
+                                     "draft-tree[:MODEL], jakiro:FILE)")
             self._drafters[key] = d
         return self._drafters[key]
 

@@ -53,7 +53,13 @@ def speculative_generate(ctx: Context, drafter: Drafter, planner: Planner, promp
     stats.n_prompt = len(prompt)
     sampler = TokenSampler(sampling, list(prompt))
     t0 = time.perf_counter()
-    row = ctx.prefill(prompt)
+    # Feature drafters (Jakiro) read the target's hidden states of the tokens it commits:
+    # the prompt's last `window` and every token after.
+    window = getattr(drafter, "feature_window", 0)
+    row = ctx.prefill(prompt, n_outputs=max(1, window))
+    if window:
+        k = min(window, row + 1)
+        drafter.committed(ctx, len(prompt) - k, list(range(row + 1 - k, row + 1)), fresh=True)
     max_tokens = min(max_tokens, ctx.n_ctx - len(prompt) + 1)
     first = sampler.sample(ctx.logits(row))
     sampler.extend([first])
@@ -67,11 +73,16 @@ def speculative_generate(ctx: Context, drafter: Drafter, planner: Planner, promp
                    (max_batch or ctx.n_ctx) - len(pending))
         tree = planner.size(drafter.propose(ctx.tokens + pending, room)) if room > 0 \
             else DraftTree.empty()
+        n_past = len(ctx.tokens)
         if len(tree) == 0:
-            emitted = [sampler.sample(ctx.logits(ctx.extend(pending)))]
+            emitted = [sampler.sample(ctx.logits(ctx.extend(pending, len(pending) if window else 1)))]
+            if window:
+                drafter.committed(ctx, n_past, list(range(len(pending))))
             pending, unsettled = [], False
         else:
-            verdict = verify_tree(ctx, tree, pending, sampler, tie_bound)
+            verdict = verify_tree(ctx, tree, pending, sampler, tie_bound, all_pending_rows=bool(window))
+            if window:  # the pending rows, then the accepted nodes the cache kept
+                drafter.committed(ctx, n_past, list(range(len(pending) + verdict.n_cached)))
             drafter.observe(tree, verdict)
             emitted, unsettled = verdict.tokens, verdict.unsettled
             pending = emitted[verdict.n_cached:len(verdict.path)]  # accepted, not cached

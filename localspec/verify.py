@@ -90,10 +90,11 @@ class Verdict:
 
 
 def verify_tree(ctx: Context, tree: DraftTree, pending: list[int], sampler: TokenSampler,
-                tie_bound: float = 0.0) -> Verdict:
+                tie_bound: float = 0.0, all_pending_rows: bool = False) -> Verdict:
     """Decode `pending` (emitted tokens not yet in the KV cache; the last is the tree's root)
     and the tree in one llama_decode, accept exactly, and leave sequence 0 holding the
-    context, `pending` and the accepted path up to its first gap.
+    context, `pending` and the accepted path up to its first gap. Rows: pending tokens first
+    (outputs for the root only, or for all with all_pending_rows), then the tree's nodes.
 
     Why a gap matters: llama.cpp puts new tokens into the lowest free KV cells, and its CPU
     flash attention accumulates in cell order, so a token placed in the hole of a rejected
@@ -110,7 +111,7 @@ def verify_tree(ctx: Context, tree: DraftTree, pending: list[int], sampler: Toke
     pos = [*range(n_past, n_past + len(pending)), *(n_past + root_row + tree.depths()).tolist()]
     ctx.decode([*pending, *tree.tokens.tolist()], pos,
                seq_ids=[all_seqs] * len(pending) + seqs,
-               outputs=[False] * root_row + [True] * (len(tree) + 1))
+               outputs=[all_pending_rows] * root_row + [True] * (len(tree) + 1))
     path, nxt, unsettled = _native.verify(
         ctx.ptr, ctx.model.n_vocab, root_row, tree.tokens, tree.parents, tree.q_offsets,
         tree.q_ids, tree.q_probs, sampler.sampler, sampler.history, sampler.rng, tie_bound)

@@ -62,9 +62,9 @@ def plain(ctx, prompt, n=N_TOKENS, sampling=GREEDY):
     return list(generate(ctx, prompt, n, sampling))
 
 
-def speculative(ctx, drafter, prompt, n=N_TOKENS, sampling=GREEDY, stats=None):
+def speculative(ctx, drafter, prompt, n=N_TOKENS, sampling=GREEDY, stats=None, max_nodes=None):
     ctx.clear()
-    return list(speculative_generate(ctx, drafter, Planner(FLAT, n_seq_max=8), prompt, n,
+    return list(speculative_generate(ctx, drafter, Planner(FLAT, 8, max_nodes), prompt, n,
                                      sampling, stats))
 
 

@@ -17,6 +17,11 @@ class Drafter(Protocol):
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
         """What the target accepted of the last proposal."""
 
+    # Feature drafters also set `feature_window` (> 0: how many of the prompt's last tokens
+    # they want hidden states for) and define committed(ctx, first_pos, rows, fresh=False):
+    # the target just decoded context positions first_pos, first_pos + 1, ... at those batch
+    # rows (fresh: a new prompt, nothing before first_pos is known).
+
 
 class DecayingRatio:
     """A ratio of two running sums with a prior worth `weight` observations. Evidence decays

@@ -117,7 +117,7 @@ class Context:
         self._decode(t, p, offsets, flat, out)
         self.tokens.append(token)
 
-    def prefill(self, prompt: Sequence[int]) -> int:
+    def prefill(self, prompt: Sequence[int], n_outputs: int = 1) -> int:
         """Make sequence 0 hold `prompt`, re-using the KV entries of the longest common prefix
         with what it holds now. Returns the batch row with the logits of the prompt's last
         token. At least one token is always decoded, so those logits are fresh."""
@@ -126,18 +126,20 @@ class Context:
         self._check_room(len(prompt), fresh=True)
         n_keep = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
         self.truncate(n_keep)
-        return self.extend(prompt[n_keep:])
+        return self.extend(prompt[n_keep:], n_outputs)
 
-    def extend(self, tokens: Sequence[int]) -> int:
+    def extend(self, tokens: Sequence[int], n_outputs: int = 1) -> int:
         """Decode `tokens` at the end of sequence 0, in chunks of n_batch; returns the batch
-        row holding the logits of the last one."""
+        row holding the logits of the last one. The last `n_outputs` tokens of the last chunk
+        keep their outputs (logits, hidden states) at rows len(chunk) - n_outputs ..."""
         self._check_room(len(tokens))
         step = self.config.n_batch
         row = 0
         for start in range(0, len(tokens), step):
             chunk = tokens[start:start + step]
             n_past = len(self.tokens)
-            self.decode(chunk, range(n_past, n_past + len(chunk)))
+            k = min(n_outputs, len(chunk))
+            self.decode(chunk, range(n_past, n_past + len(chunk)), outputs=[False] * (len(chunk) - k) + [True] * k)
             self.tokens.extend(chunk)
             row = len(chunk) - 1
         return row
@@ -154,6 +156,10 @@ class Context:
         if not ptr:
             raise LocalspecError(f"no logits for batch row {row}")
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+    def set_embeddings(self, on: bool) -> None:
+        """Also return final hidden states from now on (feature drafters read them)."""
+        ll.llama_set_embeddings(self.ptr, on)
 
     def hidden(self, row: int) -> np.ndarray:
         """Final hidden state (the LM-head input) of a batch row; needs embeddings=True."""
