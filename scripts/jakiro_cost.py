@@ -1,0 +1,91 @@
+"""What a Jakiro draft step costs next to a target forward, on this machine: the native
+drafter layer for 1..4 rows and its head over a reduced and the full vocabulary, against one
+single-token forward of the target (from its cost curve). Random weights: cost does not
+depend on what the drafter learnt.
+
+    .venv/bin/python scripts/jakiro_cost.py -m qwen2.5-coder-1.5b-instruct --threads 2
+"""
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from localspec import store
+from localspec.convert import write_gguf
+from localspec.drafters.jakiro import JakiroRuntime
+from localspec.drafters.jakiro_config import JakiroConfig
+from localspec.engine import Context, Model
+from localspec.engine.context import ContextConfig
+from localspec.engine.cost import cost_curve
+from localspec.train.features import tokenizer_hash
+from localspec.train.target_weights import TargetWeights
+
+
+def random_drafter(model: Model, weights: TargetWeights, vocab: int, path: Path) -> None:
+    cfg = JakiroConfig(target_name=model.name, target_vocab=model.n_vocab,
+                       target_tokenizer=tokenizer_hash(model), d_model=model.n_embd,
+                       n_heads=int(weights.arch_meta("attention.head_count")),
+                       rope_theta=float(weights.arch_meta("rope.freq_base", 10000.0)),
+                       draft_vocab=list(range(vocab)) if vocab < model.n_vocab else [])
+    d, de, g = cfg.d_model, cfg.d_expert, np.random.default_rng(0)
+    shapes = {"fc.weight": (d, 2 * d), "fc.bias": (d,), "q.weight": (d, d), "k.weight": (d, d),
+              "v.weight": (d, d), "o.weight": (d, d), "norm.weight": (d,),
+              "router.weight": (cfg.n_experts, d)}
+    for j in range(cfg.n_experts):
+        shapes |= {f"experts.{j}.gate.weight": (de, d), f"experts.{j}.up.weight": (de, d),
+                   f"experts.{j}.down.weight": (d, de)}
+    write_gguf(cfg, {k: (g.normal(size=s) * 0.02).astype(np.float32) for k, s in shapes.items()},
+               path, "q8_0")
+
+
+def timed(fn, repeats: int = 15) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    path = store.resolve(a.model)
+    model = Model(path)
+    weights = TargetWeights(path)
+    with Context(model, ContextConfig(n_ctx=1024, n_threads=a.threads)) as ctx:
+        t_target = cost_curve(ctx).seconds[0]
+    print(f"target single-token forward: {t_target * 1000:.1f} ms")
+    print("| drafter part | ms | × target token |\n|---|---:|---:|")
+    tmp = Path(tempfile.mkdtemp())
+    for vocab in (32_000, model.n_vocab):
+        gguf = tmp / f"d{vocab}.gguf"
+        random_drafter(model, weights, vocab, gguf)
+        rt = JakiroRuntime(gguf, model, n_ctx=512, n_threads=a.threads)
+        d = model.n_embd
+        if vocab != model.n_vocab:
+            ctx_feats = np.random.default_rng(1).normal(size=(256, d)).astype(np.float32)
+            mask = np.triu(np.full((256, 256), -np.inf, np.float32), 1)
+            rt.layer(ctx_feats, np.arange(256) + 100, np.arange(256), mask)  # a context of 256
+            for rows in (1, 4):
+                def step():
+                    m = np.zeros((rows, 256 + rows), np.float32)
+                    rt.layer(ctx_feats[:rows], np.arange(rows) + 100, np.full(rows, 256), m)
+                    rt.truncate(256)
+                t = timed(step)
+                print(f"| layer, {rows} row(s), after 256 positions | {t * 1000:.2f} | {t / t_target:.3f} |")
+        for rows in (1, 2, 8):
+            feats = np.random.default_rng(2).normal(size=(rows, d)).astype(np.float32)
+            t = timed(lambda: rt.logits(feats))
+            print(f"| head over {vocab} tokens, {rows} row(s) | {t * 1000:.2f} | {t / t_target:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
