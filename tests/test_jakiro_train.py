@@ -145,11 +145,12 @@ def test_train_a_tiny_drafter_from_scratch_then_convert_and_inspect(tiny_run, ca
     it started), and the GGUF names its target."""
     out, gguf = tiny_run
     history = json.loads((out / "history.json").read_text())
-    assert len(history) == 4 and (out / "loss.png").stat().st_size > 0
-    # Epoch means: the first already includes its own learning, so the bar is modest (seen:
-    # top-1 agreement 5.8% -> 12.3%, cross-entropy 15.0 -> 10.0).
-    assert history[-1]["acc_moe"] > history[0]["acc_moe"] + 0.04, history
-    assert history[-1]["ce_moe"] < 0.9 * history[0]["ce_moe"], history
+    assert len(history) >= 6 and (out / "loss.png").stat().st_size > 0
+    # Means over 20 steps, the first pair against the last pair (noisy: a modest bar).
+    first, last = history[:2], history[-2:]
+    mean = lambda rows, k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
+    assert mean(last, "acc_moe") > mean(first, "acc_moe") + 0.04, history
+    assert mean(last, "ce_moe") < 0.9 * mean(first, "ce_moe"), history
     capsys.readouterr()
     assert main(["inspect", str(gguf)]) == 0
     text = capsys.readouterr().out

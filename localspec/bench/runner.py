@@ -4,6 +4,7 @@ decoding in the same process, and keep the numbers a table needs."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -91,6 +92,12 @@ def near_tie(session: Session, prompt: list[int], plain: list[int], other: list[
     return float(abs(top2[1] - top2[0])) <= session.curve.discrepancy
 
 
+def short_label(spec: str) -> str:
+    """`jakiro:/some/dir/x.gguf` -> `jakiro:x`: tables name files, not paths."""
+    kind, sep, arg = spec.partition(":")
+    return f"{kind}:{Path(arg).stem}" if sep and ("/" in arg or arg.endswith(".gguf")) else spec
+
+
 def run_bench(session: Session, prompts: list[Prompt], drafters: list[str], max_tokens: int,
               sampling: SamplingConfig, anchors: list | None = None,
               advance: Callable[[int], None] = lambda n: None) -> list[Config]:
@@ -98,7 +105,7 @@ def run_bench(session: Session, prompts: list[Prompt], drafters: list[str], max_
     greedy = sampling.temperature <= 0
     plain = Config("plain", "none")
     suffix = " --strict" if session.cfg.strict else ""
-    ours = [Config(d + suffix, d) for d in drafters if d != "none"]
+    ours = [Config(short_label(d) + suffix, d) for d in drafters if d != "none"]
     anchors = anchors or []
     configs = [plain, *ours, *[Config(a.name, a.kind) for a in anchors]]
     for p in prompts:

@@ -44,7 +44,8 @@ class TrainConfig:
     feature_dir: Path | None = None  # default: OUT/features
 
 
-LOSS_WEIGHTS = (1.0, 1.0, 0.1, 0.05)  # SmoothL1 moe, SmoothL1 ctr, CE moe, CE ctr (paper eq. 16)
+LOSS_WEIGHTS = (1.0, 1.0, 0.1, 0.05)
+LOG_EVERY = 20  # training steps (sequences) per point of the loss curve  # SmoothL1 moe, SmoothL1 ctr, CE moe, CE ctr (paper eq. 16)
 
 
 def draft_vocabulary(model: Model, cfg: TrainConfig) -> list[int]:
@@ -162,9 +163,15 @@ class Trainer:
                 self.opt.step()
                 self.progress["step"] += 1
                 window.append(stats)
+                if len(window) == LOG_EVERY:
+                    self._log(window)
+                    window = []
         if window:
-            mean = {k: float(np.mean([s[k] for s in window if k in s])) for k in window[0]}
-            self.progress["history"].append({"step": self.progress["step"], **mean})
+            self._log(window)
+
+    def _log(self, window: list[dict]) -> None:
+        mean = {k: float(np.mean([s[k] for s in window if k in s])) for k in window[0]}
+        self.progress["history"].append({"step": self.progress["step"], **mean})
 
     def save(self) -> None:
         ckpt = {"config": self.jcfg.to_dict(), "state": self.net.state_dict(),
