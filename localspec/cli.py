@@ -104,10 +104,9 @@ def cmd_cost(a: argparse.Namespace) -> None:
     print("| batch | ms/forward | × batch of 1 |\n|---:|---:|---:|")
     for n in range(1, len(curve.seconds) + 1):
         print(f"| {n} | {curve.cost(n) * 1e3:.1f} | {curve.ratio(n):.2f} |")
-    print(f"batched vs single-token logits differ by up to {curve.discrepancy:.4f}; batches of "
-          f"up to {curve.exact_batch} tokens reproduce single tokens exactly"
-          if curve.exact_batch >= 2 else
-          f"batched vs single-token logits differ by up to {curve.discrepancy:.4f}")
+    exact = (f"; batches of up to {curve.exact_batch} tokens reproduce single tokens exactly"
+             if curve.exact_batch >= 2 else "")
+    print(f"batched vs single-token logits differ by up to {curve.discrepancy:.4f}{exact}")
 
 
 @dataclass(frozen=True)

@@ -167,7 +167,7 @@ jakiro_model::~jakiro_model() {
     if (backend_) ggml_backend_free(backend_);
 }
 
-void jakiro_model::compute(ggml_cgraph * graph) {
+void jakiro_model::allocate(ggml_cgraph * graph) {
     if (!ggml_gallocr_alloc_graph(galloc_, graph)) throw std::runtime_error("cannot allocate the drafter's graph");
 }
 
@@ -228,7 +228,7 @@ jakiro_step_out jakiro_model::step(const float * feats, const int32_t * tokens, 
         ggml_build_forward_expand(gf, t);
     }
 
-    compute(gf);
+    allocate(gf);
     ggml_backend_tensor_set(in_feats, feats, 0, ggml_nbytes(in_feats));
     ggml_backend_tensor_set(in_tok, tokens, 0, ggml_nbytes(in_tok));
     ggml_backend_tensor_set(in_pos, pos, 0, ggml_nbytes(in_pos));
@@ -265,7 +265,7 @@ std::vector<float> jakiro_model::logits(const float * feats, int32_t m) {
     ggml_tensor * out = ggml_mul_mat(ctx, head_, in);  // [V', m]
     ggml_set_output(out);
     ggml_build_forward_expand(gf, out);
-    compute(gf);
+    allocate(gf);
     ggml_backend_tensor_set(in, feats, 0, ggml_nbytes(in));
     if (ggml_backend_graph_compute(backend_, gf) != GGML_STATUS_SUCCESS) {
         throw std::runtime_error("drafter head failed");

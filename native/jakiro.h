@@ -40,7 +40,6 @@ class jakiro_model {
     const jakiro_hparams & hparams() const { return hp_; }
     const std::vector<int32_t> & draft_vocab() const { return d2t_; }  // head row -> target id
     int32_t n_cached() const { return n_cached_; }
-    int32_t n_ctx() const { return n_ctx_; }
 
     // One pass over n positions: features (n × d), the tokens whose embeddings join them,
     // rotary positions, and an additive mask (n × (n_cached + n): 0 attend, -inf not) over the
@@ -53,7 +52,7 @@ class jakiro_model {
     void truncate(int32_t n);
 
   private:
-    void compute(ggml_cgraph * graph);
+    void allocate(ggml_cgraph * graph);
 
     jakiro_hparams hp_;
     std::vector<int32_t> d2t_;

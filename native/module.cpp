@@ -236,26 +236,7 @@ NB_MODULE(_native, m) {
         .def(nb::init<const std::string &, const std::string &, int32_t, int32_t>(), "drafter"_a,
              "target"_a, "n_ctx"_a, "n_threads"_a)
         .def_prop_ro("n_cached", &ls::jakiro_model::n_cached)
-        .def_prop_ro("n_ctx", &ls::jakiro_model::n_ctx)
         .def("draft_vocab", [](const ls::jakiro_model & j) { return to_numpy(j.draft_vocab()); })
-        .def("hparams", [](const ls::jakiro_model & j) {
-            const ls::jakiro_hparams & h = j.hparams();
-            nb::dict d;
-            d["target_name"] = h.target_name;
-            d["target_tokenizer"] = h.target_tokenizer;
-            d["target_vocab"] = h.target_vocab;
-            d["d_model"] = h.d_model;
-            d["n_heads"] = h.n_heads;
-            d["n_experts"] = h.n_experts;
-            d["top_k"] = h.top_k;
-            d["d_expert"] = h.d_expert;
-            d["gamma"] = h.gamma;
-            d["rope_theta"] = h.rope_theta;
-            d["norm_eps"] = h.norm_eps;
-            d["beta1"] = h.beta1;
-            d["beta2"] = h.beta2;
-            return d;
-        })
         .def(
             "step",
             [](ls::jakiro_model & j, rows_in feats, vec_in<const int32_t> tokens, vec_in<const int32_t> pos,

@@ -7,12 +7,11 @@ import argparse
 import statistics
 import time
 
-import numpy as np
 
 from localspec import store
 from localspec.engine import Context, Model
 from localspec.engine.context import ContextConfig
-from localspec.engine.cost import filler_tokens
+from localspec.engine.cost import batch_discrepancy, filler_tokens
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
@@ -41,24 +40,6 @@ def cost(ctx, n_context=256, repeats=7):
     return out
 
 
-def discrepancy(ctx, n_context):
-    """Largest logit difference, per batch size, between a batch and single-token decoding."""
-    tokens = filler_tokens(ctx, n_context + max(sizes))
-    ctx.prefill(tokens[:n_context])
-    single = []
-    for t in tokens[n_context:]:
-        ctx.append(t)
-        single.append(ctx.logits(0).copy())
-    ctx.truncate(n_context)
-    out = {}
-    for n in sizes[1:]:
-        ctx.decode(tokens[n_context:n_context + n], range(n_context, n_context + n), outputs=[True] * n)
-        out[n] = max(float(np.abs(ctx.logits(i) - single[i]).max()) for i in range(n))
-        ctx.seq_rm(0, n_context, -1)
-    ctx.clear()
-    return out
-
-
 models = {}
 for spec in args.configs.split(","):
     s = dict(kv.split("=") for kv in spec.split())
@@ -69,9 +50,9 @@ for spec in args.configs.split(","):
                            kv_type=s.get("kv", "f16"))
     with Context(models[repack], config) as ctx:
         c = cost(ctx)
-        d = {n_context: discrepancy(ctx, n_context) for n_context in (64, 320)}
+        d = {n_context: batch_discrepancy(ctx, n_context, max(sizes)) for n_context in (64, 320)}
     print(f"{spec}: single {c[1] * 1e3:.1f} ms; cost "
           + " ".join(f"{n}:{c[n] / c[1]:.2f}" for n in sizes[1:]), flush=True)
     for n_context, dn in d.items():
         print(f"    max |batch - single| after {n_context}: "
-              + " ".join(f"{n}:{v:.3g}" for n, v in dn.items()), flush=True)
+              + " ".join(f"{n}:{dn[n]:.3g}" for n in sizes[1:]), flush=True)

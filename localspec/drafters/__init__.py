@@ -23,6 +23,20 @@ class Drafter(Protocol):
     # rows (fresh: a new prompt, nothing before first_pos is known).
 
 
+def rerank(parents: list[int], reach: list[float], n: int) -> tuple[list[int], list[int]]:
+    """EAGLE-2's reranking of a grown tree (parents before children, a child never likelier
+    than its parent): the n likeliest nodes, which on ties keep the earlier node, so every kept
+    node's parent is kept too. Returns their old indices in topological order (by depth, then
+    likelihood) and their parents as new indices."""
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    keep = sorted(range(len(parents)), key=lambda i: -reach[i])[:n]
+    order = sorted(keep, key=lambda i: (depth[i], -reach[i]))
+    index = {old: new for new, old in enumerate(order)}
+    return order, [index[parents[i]] if parents[i] >= 0 else -1 for i in order]
+
+
 class DecayingRatio:
     """A ratio of two running sums with a prior worth `weight` observations. Evidence decays
     every iteration, drafted or not, so an estimate drifts back to its prior while a drafter

@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from localspec import _native
-from localspec.drafters import DecayingRatio
+from localspec.drafters import DecayingRatio, rerank
 from localspec.engine import Context, Model
 from localspec.engine.context import ContextConfig
 from localspec.errors import LocalspecError
@@ -131,23 +131,10 @@ class DraftModelDrafter:
         ctx.seq_rm(-1, n_past, -1)  # the draft cache keeps only the context
         for s in range(1, 1 + 2 * self.width):
             ctx.seq_rm(s, 0, -1)
-        # EAGLE-2's reranking: the max_nodes best by cumulative probability, which contains
-        # every kept node's parent (a child never beats its parent); in that order the
-        # nodes are topological.
-        keep = sorted(range(len(tokens)), key=lambda i: -reach[i])[:max_nodes]
-        order = sorted(keep, key=lambda i: (self._depth(parents, i), -reach[i]))
-        index = {old: new for new, old in enumerate(order)}
-        tree = self._make_tree([tokens[i] for i in order],
-                               [index[parents[i]] if parents[i] >= 0 else -1 for i in order],
+        order, new_parents = rerank(parents, reach, max_nodes)
+        tree = self._make_tree([tokens[i] for i in order], new_parents,
                                [reach[i] for i in order], [qs[i] for i in order])
         return tree, n_forwards
-
-    @staticmethod
-    def _depth(parents: list[int], i: int) -> int:
-        d = 1
-        while parents[i] >= 0:
-            i, d = parents[i], d + 1
-        return d
 
     def _make_tree(self, tokens, parents, reach, qs) -> DraftTree:
         tree = DraftTree(np.asarray(tokens, np.int32), np.asarray(parents, np.int32),

@@ -10,7 +10,7 @@ import numpy as np
 
 from localspec import _native
 from localspec.convert import check_target
-from localspec.drafters import DecayingRatio
+from localspec.drafters import DecayingRatio, rerank
 from localspec.drafters.jakiro_config import JakiroConfig
 from localspec.engine.model import Model
 from localspec.errors import LocalspecError
@@ -62,7 +62,7 @@ class JakiroDrafter:
 
     def __init__(self, runtime: JakiroRuntime, planner, width: int = 4, branch: int = 2):
         self.rt = runtime
-        self.name = f"jakiro:{Path(runtime.path).stem}"
+        self.name = f"jakiro:{runtime.path.stem}"
         self.planner = planner
         self.width, self.branch = width, branch
         d = runtime.cfg.d_model
@@ -98,7 +98,7 @@ class JakiroDrafter:
         del self.slots[keep:]
         self.rt.truncate(keep)
 
-    def _catch_up(self, context: list[int]) -> np.ndarray | None:
+    def _catch_up(self, context: list[int]) -> tuple[np.ndarray, ...] | None:
         """Run the layer over context positions not yet in the drafter's cache (each reads its
         feature and the next token); return the outputs of the last, whose next token is the
         root. None when the features it needs are missing."""
@@ -233,25 +233,16 @@ class JakiroDrafter:
         self.rt.truncate(n_context)  # the cache keeps only the context
         dt = (time.perf_counter() - t0) / (n_steps + 1)
         self.t_step = dt if self.t_step == 0 else 0.8 * self.t_step + 0.2 * dt
-        tree = _best_nodes(tokens, parents, reach, max_nodes)
+        order, new_parents = rerank(parents, reach, max_nodes)
+        tree = DraftTree(np.asarray([tokens[i] for i in order], np.int32),
+                         np.asarray(new_parents, np.int32),
+                         np.asarray([reach[i] for i in order], np.float64))
         self._raw = tree.reach.copy()
         tree.reach = np.minimum(1.0, tree.reach * self.calibration.value)
         return tree
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
         self.calibration.add(len(verdict.path), float(self._raw[:len(tree)].sum()))
-
-
-def _best_nodes(tokens: list[int], parents: list[int], reach: list[float], n: int) -> DraftTree:
-    """EAGLE-2's reranking: the n likeliest nodes whose ancestors are all kept, in
-    topological order (by depth, then likelihood)."""
-    keep = set(sorted(range(len(tokens)), key=lambda i: -reach[i])[:n])
-    keep = {i for i in keep if all(a in keep for a in _ancestors(parents, i))}
-    order = sorted(keep, key=lambda i: (len(_ancestors(parents, i)), -reach[i]))
-    index = {old: new for new, old in enumerate(order)}
-    return DraftTree(np.asarray([tokens[i] for i in order], np.int32),
-                     np.asarray([index[parents[i]] if parents[i] >= 0 else -1 for i in order], np.int32),
-                     np.asarray([reach[i] for i in order], np.float64))
 
 
 def _ancestors(parents: list[int], i: int) -> list[int]:

@@ -79,25 +79,30 @@ def measure_discrepancy(ctx: Context, max_batch: int = 12, contexts=(64, 320)) -
     single-token results bit for bit: on a CPU, repacked weights switch to matrix-matrix
     kernels at 4 rows, and flash attention over an f16 cache splits a single token's work
     across threads once the cache passes 256 cells (docs/benchmarks.md, kernel settings)."""
-    worst_by_size = [0.0] * (max_batch + 1)
-    for n_context in contexts:
-        ctx.clear()
-        tokens = filler_tokens(ctx, n_context + max_batch)
-        ctx.prefill(tokens[:n_context])
-        single = []
-        for t in tokens[n_context:]:
-            ctx.append(t)
-            single.append(ctx.logits(0).copy())
-        ctx.truncate(n_context)
-        for n in range(2, max_batch + 1):
-            ctx.decode(tokens[n_context:n_context + n], range(n_context, n_context + n),
-                       outputs=[True] * n)
-            for i in range(n):
-                worst_by_size[n] = max(worst_by_size[n], float(abs(ctx.logits(i) - single[i]).max()))
-            ctx.seq_rm(0, n_context, -1)
-    ctx.clear()
+    worst_by_size = [max(d) for d in zip(*(batch_discrepancy(ctx, n, max_batch) for n in contexts))]
     exact = next((n - 1 for n in range(2, max_batch + 1) if worst_by_size[n] > 0), max_batch)
     return max(worst_by_size), exact
+
+
+def batch_discrepancy(ctx: Context, n_context: int, max_batch: int) -> list[float]:
+    """After n_context filler tokens: the largest logit difference between a batch of n and
+    single-token decoding of the same positions, at index n for n = 2..max_batch."""
+    ctx.clear()
+    tokens = filler_tokens(ctx, n_context + max_batch)
+    ctx.prefill(tokens[:n_context])
+    single = []
+    for t in tokens[n_context:]:
+        ctx.append(t)
+        single.append(ctx.logits(0).copy())
+    ctx.truncate(n_context)
+    worst = [0.0] * (max_batch + 1)
+    for n in range(2, max_batch + 1):
+        ctx.decode(tokens[n_context:n_context + n], range(n_context, n_context + n),
+                   outputs=[True] * n)
+        worst[n] = max(float(abs(ctx.logits(i) - single[i]).max()) for i in range(n))
+        ctx.seq_rm(0, n_context, -1)
+    ctx.clear()
+    return worst
 
 
 def cache_key(ctx: Context) -> str:

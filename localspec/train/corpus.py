@@ -119,12 +119,12 @@ def training_examples(model: Model, max_tokens: int = 1024, code_share: float = 
     credit = 0.0
     while True:
         credit += code_share
-        source = code if credit >= 1.0 else chat
         if credit >= 1.0:
             credit -= 1.0
-        ex = next(source, None)
+            first, other = code, chat
+        else:
+            first, other = chat, code
+        ex = next(first, None) or next(other, None)  # when one source runs dry, the other
         if ex is None:
-            ex = next(chat if source is code else code, None)
-            if ex is None:
-                return
+            return
         yield ex

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-import llama_cpp as ll
 import numpy as np
 
 from localspec.engine.context import Context, ContextConfig
@@ -136,7 +135,6 @@ def hidden_states(ctx: Context, tokens: np.ndarray) -> np.ndarray:
     for start in range(0, len(tokens), step):
         chunk = tokens[start:start + step]
         ctx.decode(chunk, range(start, start + len(chunk)), outputs=[True] * len(chunk))
-        ptr = ll.llama_get_embeddings(ctx.ptr)
-        out[start:start + len(chunk)] = np.ctypeslib.as_array(ptr, shape=(len(chunk), ctx.model.n_embd))
-    ctx.clear()
+        for row in range(len(chunk)):
+            out[start + row] = ctx.hidden(row)
     return out

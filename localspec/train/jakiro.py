@@ -185,29 +185,24 @@ class Trainer:
 
     def run(self) -> Path:
         cfg, p = self.cfg, self.progress
-        if p["epoch"] == 0:
-            # Pass 1, streamed: shards already cached but not yet trained on, then new ones.
-            names = [s["name"] for s in self.store.manifest["shards"]]
-            for name in names[p["shards_done"]:]:
-                self.train_shard(self.store.load(name), f"training on {name}")
-                p["shards_done"] += 1
-                self.save()
-            examples = training_examples(self.model, cfg.seq_len, cfg.code_share)
-            for shard in self.store.extract(examples, cfg.max_tokens, n_threads=cfg.n_threads):
-                self.train_shard(shard, f"training on shard {p['shards_done']}")
-                p["shards_done"] += 1
-                self.save()
-            p["epoch"], p["shards_done"] = 1, 0
-            self.save()
-        while p["epoch"] < cfg.epochs:
-            names = [s["name"] for s in self.store.manifest["shards"]]
-            for name in names[p["shards_done"]:]:
-                self.train_shard(self.store.load(name), f"epoch {p['epoch'] + 1}: {name}")
-                p["shards_done"] += 1
-                self.save()
+        while p["epoch"] < max(1, cfg.epochs):
+            epoch = f"epoch {p['epoch'] + 1}"
+            # Cached shards this epoch has not trained on yet...
+            for s in self.store.manifest["shards"][p["shards_done"]:]:
+                self._train_and_save(self.store.load(s["name"]), f"{epoch}: {s['name']}")
+            # ...and in the first epoch, new shards as soon as they are extracted.
+            if p["epoch"] == 0:
+                examples = training_examples(self.model, cfg.seq_len, cfg.code_share)
+                for shard in self.store.extract(examples, cfg.max_tokens, n_threads=cfg.n_threads):
+                    self._train_and_save(shard, f"{epoch}: shard {p['shards_done']}")
             p["epoch"], p["shards_done"] = p["epoch"] + 1, 0
             self.save()
         return self.ckpt_path
+
+    def _train_and_save(self, shard: Shard, label: str) -> None:
+        self.train_shard(shard, label)
+        self.progress["shards_done"] += 1
+        self.save()
 
 
 def plot_losses(history: list[dict], path: Path) -> None:
