@@ -86,8 +86,9 @@ class FeatureStore:
         with Context(self.model, config) as ctx, \
                 progress_bar("extracting target features", todo, unit="tokens") as advance:
             buf: list[tuple[Example, np.ndarray]] = []
-            n_buf = 0
+            n_buf = consumed = 0
             for i, ex in enumerate(examples):
+                consumed = i + 1
                 if i < done:
                     continue
                 if len(ex.tokens) > n_ctx:
@@ -96,13 +97,13 @@ class FeatureStore:
                 n_buf += len(ex.tokens)
                 advance(len(ex.tokens))
                 if n_buf >= shard_tokens or n_buf >= todo:
-                    yield self._write(buf, i + 1)
+                    yield self._write(buf, consumed)
                     todo -= n_buf
                     buf, n_buf = [], 0
                     if todo <= 0:
                         return
-            if buf:
-                yield self._write(buf, done + len(buf))
+            if buf:  # the corpus ran out: the manifest counts every example consumed
+                yield self._write(buf, consumed)
 
     def _write(self, buf: list[tuple[Example, np.ndarray]], n_examples: int) -> Shard:
         name = f"shard-{len(self.manifest['shards']):05d}"
