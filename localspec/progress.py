@@ -1,24 +1,54 @@
-"""Progress bars on stderr for long work (downloads, assembly, measurements)."""
+"""Progress bars on stderr for long work (downloads, assembly, measurements, training)."""
 
 from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from typing import Callable, Iterator
 
 from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
                            TransferSpeedColumn)
 from rich.console import Console
 
+LOG_INTERVAL = 60.0  # seconds between progress lines when stderr is a file
+
 
 @contextlib.contextmanager
 def progress_bar(label: str, total: int, unit: str = "bytes") -> Iterator[Callable[[int], None]]:
-    """Yield advance(n); draws a bar only when stderr is a terminal."""
+    """Yield advance(n); a live bar when stderr is a terminal, else a line a minute (hours of
+    feature extraction under nohup should still say how far they got)."""
     console = Console(file=sys.stderr)
+    if not console.is_terminal:
+        with _progress_lines(label, total, unit) as advance:
+            yield advance
+        return
     columns = [TextColumn("{task.description}"), BarColumn()]
     columns += [DownloadColumn(), TransferSpeedColumn()] if unit == "bytes" else \
         [TextColumn("{task.completed}/{task.total}")]
     columns.append(TimeRemainingColumn())
-    with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
+    with Progress(*columns, console=console) as progress:
         task = progress.add_task(label, total=total)
         yield lambda n: progress.advance(task, n)
+
+
+@contextlib.contextmanager
+def _progress_lines(label: str, total: int, unit: str) -> Iterator[Callable[[int], None]]:
+    start = last = time.monotonic()
+    done = 0
+
+    def line() -> None:
+        rate = done / max(time.monotonic() - start, 1e-9)
+        print(f"{label}: {done}/{total} {unit} ({100 * done / max(total, 1):.0f}%, {rate:.1f} {unit}/s)",
+              file=sys.stderr, flush=True)
+
+    def advance(n: int) -> None:
+        nonlocal done, last
+        done += n
+        if time.monotonic() - last >= LOG_INTERVAL:
+            last = time.monotonic()
+            line()
+
+    yield advance
+    if time.monotonic() - start >= LOG_INTERVAL:  # long work ends with its final count
+        line()

@@ -58,8 +58,8 @@ class Session:
 
     def drafter(self, spec: str, sampling: SamplingConfig, max_nodes: int | None = None):
         """`lookup`, `draft[:MODEL]` (a chain), `draft-tree[:MODEL]` (a tree, 4 wide, 2
-        children per node) or `jakiro:FILE` (a Jakiro drafter GGUF); MODEL a registry name
-        or GGUF path. None for `none`."""
+        children per node) or `jakiro:FILE[,OPTION=VALUE...]` (a Jakiro drafter GGUF, see
+        jakiro_options); MODEL a registry name or GGUF path. None for `none`."""
         if spec == "none":
             return None
         key = (spec, sampling, max_nodes)
@@ -76,14 +76,14 @@ class Session:
                                       n_ctx=self.cfg.n_ctx, n_threads=self.cfg.threads)
             elif kind == "jakiro":
                 from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime
-                if not arg:
-                    raise LocalspecError("the Jakiro drafter needs its file: --drafter jakiro:PATH.gguf")
+                path, opts = jakiro_options(arg)
                 self.ctx.set_embeddings(True)
-                d = JakiroDrafter(JakiroRuntime(Path(arg), self.model, self.cfg.n_ctx, self.cfg.threads),
-                                  self.planner(max_nodes))
+                rt = JakiroRuntime(path, self.model, self.cfg.n_ctx, self.cfg.threads,
+                                   full_vocab=opts.pop("vocab") == "full")
+                d = JakiroDrafter(rt, self.planner(max_nodes), **opts)
             else:
                 raise LocalspecError(f"unknown drafter '{spec}' (none, lookup, draft[:MODEL], "
-                                     "draft-tree[:MODEL], jakiro:FILE)")
+                                     "draft-tree[:MODEL], jakiro:FILE[,OPTION=VALUE...])")
             self._drafters[key] = d
         return self._drafters[key]
 
@@ -110,3 +110,25 @@ class Session:
                 d.close()
         self.ctx.close()
         self.model.close()
+
+
+JAKIRO_OPTIONS = {"width": int, "branch": int, "cepd": ("on", "off"), "vocab": ("draft", "full")}
+
+
+def jakiro_options(arg: str) -> tuple[Path, dict]:
+    """`FILE[,width=N][,branch=N][,cepd=on|off][,vocab=draft|full]`: the tree's expanded
+    nodes per depth and tokens per branch, CEPD for the last two steps, and the head's rows
+    (the drafter's own reduced vocabulary, or every target token)."""
+    path, *pairs = arg.split(",")
+    if not path:
+        raise LocalspecError("the Jakiro drafter needs its file: --drafter jakiro:PATH.gguf")
+    opts: dict = {"vocab": "draft", "cepd": "on"}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        allowed = JAKIRO_OPTIONS.get(key)
+        if not (value.isdigit() and int(value) >= 1 if allowed is int else value in (allowed or ())):
+            raise LocalspecError(f"bad Jakiro option '{pair}' (width=N, branch=N, cepd=on|off, "
+                                 "vocab=draft|full)")
+        opts[key] = int(value) if allowed is int else value
+    opts["cepd"] = opts["cepd"] == "on"
+    return Path(path), opts

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <memory>
 #include <stdexcept>
 
@@ -78,7 +79,7 @@ void set_threads(ggml_backend_t backend, int32_t n_threads) {
 }  // namespace
 
 jakiro_model::jakiro_model(const std::string & drafter_path, const std::string & target_path,
-                           int32_t n_ctx, int32_t n_threads)
+                           int32_t n_ctx, int32_t n_threads, bool full_vocab)
     : n_ctx_(n_ctx) {
     gguf_file drafter(drafter_path), target(target_path);
     if (drafter.str("general.architecture") != "jakiro") {
@@ -113,6 +114,10 @@ jakiro_model::jakiro_model(const std::string & drafter_path, const std::string &
     drafter.read("d2t", 0, d2t_.data(), d2t_.size() * sizeof(int32_t));
     for (int32_t id : d2t_) {
         if (id < 0 || id >= hp_.target_vocab) throw std::runtime_error("d2t holds an id outside the vocabulary");
+    }
+    if (full_vocab) {  // score every target token (measures what the reduced head costs in tau)
+        d2t_.resize(size_t(hp_.target_vocab));
+        std::iota(d2t_.begin(), d2t_.end(), 0);
     }
 
     backend_ = ggml_backend_init_best();

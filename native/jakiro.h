@@ -31,8 +31,9 @@ struct jakiro_step_out {
 
 class jakiro_model {
   public:
+    // full_vocab: score every target token, whatever draft vocabulary the drafter was trained on.
     jakiro_model(const std::string & drafter_path, const std::string & target_path, int32_t n_ctx,
-                 int32_t n_threads);
+                 int32_t n_threads, bool full_vocab = false);
     ~jakiro_model();
     jakiro_model(const jakiro_model &) = delete;
     jakiro_model & operator=(const jakiro_model &) = delete;

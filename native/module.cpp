@@ -10,6 +10,7 @@
 
 #include "decode.h"
 #include "jakiro.h"
+#include "jakiro_tree.h"
 #include "ngram.h"
 #include "sampling.h"
 #include "verify.h"
@@ -233,8 +234,8 @@ NB_MODULE(_native, m) {
             "(tokens, parents, counts, n_match, n_occurrences) of a draft tree.");
 
     nb::class_<ls::jakiro_model>(m, "JakiroModel")
-        .def(nb::init<const std::string &, const std::string &, int32_t, int32_t>(), "drafter"_a,
-             "target"_a, "n_ctx"_a, "n_threads"_a)
+        .def(nb::init<const std::string &, const std::string &, int32_t, int32_t, bool>(), "drafter"_a,
+             "target"_a, "n_ctx"_a, "n_threads"_a, "full_vocab"_a = false)
         .def_prop_ro("n_cached", &ls::jakiro_model::n_cached)
         .def("draft_vocab", [](const ls::jakiro_model & j) { return to_numpy(j.draft_vocab()); })
         .def(
@@ -262,7 +263,25 @@ NB_MODULE(_native, m) {
                 return to_numpy(j.logits(feats.data(), int32_t(m)), {m, j.draft_vocab().size()});
             },
             "feats"_a, "Head logits over the draft vocabulary, (m, V').")
-        .def("truncate", &ls::jakiro_model::truncate, "n"_a);
+        .def("truncate", &ls::jakiro_model::truncate, "n"_a)
+        .def(
+            "grow_tree",
+            [](ls::jakiro_model & j, vec_in<const float> u, vec_in<const float> experts,
+               vec_in<const float> router, int32_t root_pos, int32_t width, int32_t branch,
+               int32_t max_nodes, bool cepd, vec_in<const float> min_reach) {
+                const size_t d = size_t(j.hparams().d_model), N = size_t(j.hparams().n_experts);
+                if (u.shape(0) != d || experts.shape(0) != N * d || router.shape(0) != N) {
+                    throw nb::value_error("grow_tree: u (d), experts (N * d), router (N) of one position");
+                }
+                if (width < 1 || branch < 1) throw nb::value_error("grow_tree: width and branch must be >= 1");
+                ls::tree_shape shape{width, branch, max_nodes, cepd,
+                                     std::vector<float>(min_reach.data(), min_reach.data() + min_reach.shape(0))};
+                ls::grown_tree t = ls::grow_jakiro_tree(j, u.data(), experts.data(), router.data(), root_pos, shape);
+                return nb::make_tuple(to_numpy(t.tokens), to_numpy(t.parents), to_numpy(t.reach), t.n_forwards);
+            },
+            "u"_a, "experts"_a, "router"_a, "root_pos"_a, "width"_a, "branch"_a, "max_nodes"_a,
+            "cepd"_a, "min_reach"_a,
+            "Algorithm 1's draft tree under the root at root_pos: (tokens, parents, reach, n_forwards).");
 
     m.def("system_info", []() { return std::string(llama_print_system_info()); },
           "llama.cpp's system info, as the linked library reports it.");

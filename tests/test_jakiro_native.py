@@ -93,3 +93,117 @@ def test_runtime_refuses_another_target(drafter, qwen_model):
     _, path = drafter
     with pytest.raises(LocalspecError, match="cannot draft for"):
         JakiroRuntime(path, qwen_model)
+
+
+def reference_tree(net, head_logits, feats, tokens, width, branch, max_nodes, cepd):
+    """Algorithm 1 in torch, written for reading rather than speed: the context's layer pass,
+    then per depth the two branches (or f_moe/f_ctr at CEPD's step) of every frontier node,
+    `branch` tokens from each, and a tree-masked pass over the `width` likeliest new nodes.
+    Head logits come from `head_logits` (the native head keeps the target's quantized rows,
+    and the layer is what this compares)."""
+    cfg = net.cfg
+    n = len(tokens)
+    with torch.no_grad():
+        u, experts, router, cache = net.layer(feats, tokens, torch.arange(n))
+        out = (u[-1:], experts[-1:], router[-1:])
+        nodes = []  # [token, parent, reach, feed, slot]
+        frontier = [-1]
+        last = cfg.gamma - 1 if cepd else cfg.gamma
+        for depth in range(1, last + 1):
+            u, experts, router = out
+            scores = torch.softmax(router, -1)
+            s, top = scores.topk(2, -1)
+            s = s / s.sum(-1, keepdim=True)
+            e_a = experts[torch.arange(len(u)), top[:, 0]]
+            e_b = experts[torch.arange(len(u)), top[:, 1]]
+            f_moe = u + s[:, :1] * e_a + s[:, 1:] * e_b
+            f_ctr = u + cfg.beta1 * e_a - cfg.beta2 * e_b
+            at_cepd = cepd and depth == cfg.gamma - 1
+            first, second = (f_moe, f_ctr) if at_cepd else (u + e_a, u + e_b)
+            logits = torch.from_numpy(head_logits(torch.cat([first, second]).numpy()))
+            ids = logits.topk(branch, -1).indices  # by logit: probabilities can underflow to ties
+            p = torch.softmax(logits.double(), -1).gather(-1, ids)
+            ids = torch.from_numpy(np.asarray(net.cfg.draft_vocab))[ids]
+            added = []
+            for r, node in enumerate(frontier):
+                base = nodes[node][2] if node >= 0 else 1.0
+                if at_cepd:
+                    kids = []
+                    for x, q in zip(ids[r].tolist(), p[r].tolist()):
+                        nodes.append([x, node, base * q, f_moe[r], -1])
+                        kids.append(len(nodes) - 1)
+                    for x, q in zip(ids[len(frontier) + r].tolist(), p[len(frontier) + r].tolist()):
+                        nodes.append([x, kids[0], nodes[kids[0]][2] * q, f_moe[r], -1])
+                    continue
+                mine = {}
+                for row in (r, len(frontier) + r):
+                    for x, q in zip(ids[row].tolist(), p[row].tolist()):
+                        if x in mine:
+                            nodes[mine[x]][2] = max(nodes[mine[x]][2], base * q)
+                        else:
+                            nodes.append([x, node, base * q, f_moe[r], -1])
+                            mine[x] = len(nodes) - 1
+                            added.append(mine[x])
+            if depth == last or len(nodes) >= max_nodes:
+                break
+            best = sorted(added, key=lambda i: -nodes[i][2])[:width]
+            n_cache = cache[0].shape[-2]
+            visible = torch.zeros(len(best), n_cache + len(best), dtype=torch.bool)
+            visible[:, :n] = True
+            for r, i in enumerate(best):
+                a = nodes[i][1]
+                while a >= 0:
+                    visible[r, nodes[a][4]] = True
+                    a = nodes[a][1]
+                visible[r, n_cache + r] = True
+                nodes[i][4] = n_cache + r
+            u, experts, router, cache = net.layer(
+                torch.stack([nodes[i][3] for i in best]), torch.tensor([nodes[i][0] for i in best]),
+                torch.full((len(best),), n + depth - 1), mask=visible, cache=cache)
+            frontier, out = best, (u, experts, router)
+    return [x[0] for x in nodes], [x[1] for x in nodes], np.array([x[2] for x in nodes])
+
+
+@pytest.mark.parametrize("cepd", [True, False])
+def test_native_tree_matches_torch_reference(drafter, small_model, cepd):
+    net, path = drafter
+    rt = JakiroRuntime(path, small_model, n_ctx=128, n_threads=2)
+    g = torch.Generator().manual_seed(1)
+    feats = torch.randn(5, net.cfg.d_model, generator=g) * 3
+    tokens = torch.tensor([11, 2000, 345, 7000, 21])
+    outs = rt.layer(feats.numpy(), tokens.numpy(), np.arange(5), causal(5))
+    tree = rt.grow_tree(outs, 5, width=3, branch=2, max_nodes=64, cepd=cepd, min_reach=np.zeros(0))
+    ref = reference_tree(net, rt.logits, feats, tokens, width=3, branch=2, max_nodes=64, cepd=cepd)
+    assert rt.n_cached == 5  # the tree's slots are gone again
+    assert tree[0].tolist() == ref[0]
+    assert tree[1].tolist() == ref[1]
+    np.testing.assert_allclose(tree[2], ref[2], rtol=2e-2, atol=1e-6)
+    # gamma = 6: expansions at depths 1-4 with CEPD (its last forward gives steps 5 and 6), 1-5 without.
+    assert tree[3] == (4 if cepd else 5)
+    depth = [0] * len(ref[1])
+    for i, p in enumerate(ref[1]):
+        depth[i] = 1 if p < 0 else depth[p] + 1
+    assert max(depth) == 6
+    if cepd:  # of each expanded node's step-5 tokens, only the best has step-6 children
+        at = lambda k: [i for i in range(len(depth)) if depth[i] == k]  # noqa: E731
+        fathers = {ref[1][i] for i in at(6)}
+        assert len(fathers) == len({ref[1][i] for i in at(5)})
+        assert all(ref[2][f] == max(ref[2][j] for j in at(5) if ref[1][j] == ref[1][f]) for f in fathers)
+
+
+def test_drafter_options_full_vocabulary_and_refusals(drafter, small_model):
+    from localspec.bench.runner import short_label
+    from localspec.session import jakiro_options
+    net, path = drafter
+    assert jakiro_options(f"{path},width=1,cepd=off,vocab=full") == \
+        (path, {"vocab": "full", "cepd": False, "width": 1})
+    assert short_label(f"jakiro:{path},cepd=off") == "jakiro:d,cepd=off"
+    for bad in ("width=0", "depth=3", "cepd=maybe", "vocab=half"):
+        with pytest.raises(LocalspecError, match="bad Jakiro option"):
+            jakiro_options(f"{path},{bad}")
+    full = JakiroRuntime(path, small_model, n_ctx=16, n_threads=2, full_vocab=True)
+    assert (full.draft_vocab == np.arange(small_model.n_vocab)).all()
+    feats = np.random.default_rng(0).normal(size=(2, net.cfg.d_model)).astype(np.float32)
+    reduced = JakiroRuntime(path, small_model, n_ctx=16, n_threads=2)
+    # The reduced head is the full head's rows of the draft vocabulary.
+    np.testing.assert_allclose(full.logits(feats)[:, reduced.draft_vocab], reduced.logits(feats), atol=1e-4)

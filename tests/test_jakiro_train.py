@@ -16,6 +16,7 @@ from localspec.convert import check_target, inspect_gguf, read_gguf, write_gguf 
 from localspec.drafters.jakiro_config import JakiroConfig  # noqa: E402
 from localspec.engine import Context  # noqa: E402
 from localspec.engine.context import ContextConfig  # noqa: E402
+from localspec.engine.cost import CostCurve  # noqa: E402
 from localspec.errors import LocalspecError  # noqa: E402
 from localspec.train.corpus import chat_example, code_examples  # noqa: E402
 from localspec.train.features import FeatureStore, tokenizer_hash  # noqa: E402
@@ -24,7 +25,11 @@ from localspec.control.planner import Planner  # noqa: E402
 from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime  # noqa: E402
 from localspec.sampling import SamplingConfig  # noqa: E402
 from localspec.speculative import SpecStats  # noqa: E402
-from test_speculative import FLAT, PROMPTS, plain, speculative  # noqa: E402
+from test_speculative import PROMPTS, plain, speculative  # noqa: E402
+
+# Target steps so dear that any draft looks worth its time: drafting does not depend on how
+# fast this machine happens to run the drafter.
+DEAR = CostCurve([100.0] * 16, 0)
 
 
 def test_chat_mask_covers_exactly_the_assistant_turns(small_model):
@@ -38,6 +43,14 @@ def test_chat_mask_covers_exactly_the_assistant_turns(small_model):
     assert "Seven is prime." in learnt and "Two." in learnt
     assert "Name a prime" not in learnt and "even one" not in learnt
     assert len(ex.tokens) == len(ex.mask)
+
+
+def test_conversations_the_assistant_opens_are_skipped(qwen_model):
+    # Qwen's template cannot render the empty history before such a turn.
+    conv = {"id": "y", "conversations": [{"from": "gpt", "value": "Hello! How can I help?"},
+                                         {"from": "human", "value": "Sort a list."},
+                                         {"from": "gpt", "value": "Use sorted()."}]}
+    assert chat_example(qwen_model, conv, max_tokens=512) is None
 
 
 def test_features_are_the_models_hidden_states_and_extraction_resumes(small_model, tmp_path):
@@ -165,7 +178,7 @@ def test_jakiro_greedy_identical_to_plain(tiny_run, small_model):
     _, gguf = tiny_run
     with Context(small_model, ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, embeddings=True)) as ctx:
         drafter = JakiroDrafter(JakiroRuntime(gguf, small_model, n_ctx=1024, n_threads=1),
-                                Planner(FLAT, 8, max_nodes=5))
+                                Planner(DEAR, 8, max_nodes=5))
         stats = SpecStats()
         for p in PROMPTS:
             tokens = small_model.tokenize(p)
@@ -181,7 +194,7 @@ def test_jakiro_sampling_keeps_the_targets_distribution(tiny_run, small_model):
     _, gguf = tiny_run
     prompt = small_model.tokenize(PROMPTS[0])
     with Context(small_model, ContextConfig(n_ctx=256, n_seq_max=8, n_threads=2, embeddings=True)) as ctx:
-        drafter = JakiroDrafter(JakiroRuntime(gguf, small_model, n_ctx=256, n_threads=2), Planner(FLAT, 8))
+        drafter = JakiroDrafter(JakiroRuntime(gguf, small_model, n_ctx=256, n_threads=2), Planner(DEAR, 8))
         counts: dict[int, list[int]] = {}
         stats = SpecStats()
         for seed in range(200):

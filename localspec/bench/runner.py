@@ -93,9 +93,12 @@ def near_tie(session: Session, prompt: list[int], plain: list[int], other: list[
 
 
 def short_label(spec: str) -> str:
-    """`jakiro:/some/dir/x.gguf` -> `jakiro:x`: tables name files, not paths."""
+    """`jakiro:/some/dir/x.gguf,cepd=off` -> `jakiro:x,cepd=off`: tables name files, not paths."""
     kind, sep, arg = spec.partition(":")
-    return f"{kind}:{Path(arg).stem}" if sep and ("/" in arg or arg.endswith(".gguf")) else spec
+    path, comma, opts = arg.partition(",")
+    if sep and ("/" in path or path.endswith(".gguf")):
+        return f"{kind}:{Path(path).stem}{comma}{opts}"
+    return spec
 
 
 def run_bench(session: Session, prompts: list[Prompt], drafters: list[str], max_tokens: int,

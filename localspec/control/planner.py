@@ -31,5 +31,9 @@ class Planner:
     def worth_drafting(self, reach: float, t_draft_token: float, depth: int) -> bool:
         """Should a sequential drafter draft one more token? Its expected gain `reach` must
         pay for drafting it and for the larger verification batch."""
+        return reach > self.min_reach(t_draft_token, depth)
+
+    def min_reach(self, t_draft_token: float, depth: int) -> float:
+        """The reach a token drafted at `depth` needs to be worth drafting."""
         extra = self.curve.cost(depth + 2) - self.curve.cost(depth + 1) + t_draft_token
-        return reach * self.curve.cost(1) > extra
+        return extra / self.curve.cost(1)

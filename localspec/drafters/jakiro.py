@@ -22,13 +22,15 @@ class JakiroRuntime:
     """The drafter's layer and head, with its own KV cache (slots in decode order; the caller's
     masks say which slots each position sees)."""
 
-    def __init__(self, drafter: Path, target: Model, n_ctx: int = 4096, n_threads: int = 0):
+    def __init__(self, drafter: Path, target: Model, n_ctx: int = 4096, n_threads: int = 0,
+                 full_vocab: bool = False):
         from localspec.convert import read_config
         self.path = Path(drafter)
         self.cfg: JakiroConfig = read_config(drafter)
         check_target(self.cfg, target.n_vocab, target.n_embd, tokenizer_hash(target), target.name)
         try:
-            self.native = _native.JakiroModel(str(drafter), str(target.path), n_ctx, n_threads)
+            self.native = _native.JakiroModel(str(drafter), str(target.path), n_ctx, n_threads,
+                                              full_vocab)
         except RuntimeError as e:
             raise LocalspecError(f"cannot load drafter {Path(drafter).name}: {e}") from None
         self.draft_vocab = self.native.draft_vocab()
@@ -43,6 +45,14 @@ class JakiroRuntime:
     def logits(self, feats: np.ndarray) -> np.ndarray:
         return self.native.logits(np.ascontiguousarray(feats, np.float32))
 
+    def grow_tree(self, outs, root_pos: int, width: int, branch: int, max_nodes: int,
+                  cepd: bool, min_reach: np.ndarray):
+        """Algorithm 1's tree (native) from layer outputs whose last row is the root's
+        predecessor's: (tokens, parents, reach, layer forwards)."""
+        u, experts, router = (np.ascontiguousarray(x[-1], np.float32).ravel() for x in outs)
+        return self.native.grow_tree(u, experts, router, root_pos, width, branch, max_nodes,
+                                     cepd, np.ascontiguousarray(min_reach, np.float32))
+
     def truncate(self, n: int) -> None:
         self.native.truncate(n)
 
@@ -52,19 +62,18 @@ class JakiroRuntime:
 
 
 class JakiroDrafter:
-    """Drafts a tree per the paper's Algorithm 1, grown EAGLE-2 style: from each expanded node
-    the two activated experts' branches each offer their `branch` best tokens (steps
-    1..gamma-2); at step gamma-1 one forward gives f_moe's tokens and, in parallel, f_ctr's
-    tokens for step gamma (CEPD), placed under the best f_moe token. Each depth expands the
-    `width` best nodes by cumulative draft probability; the result keeps the best nodes."""
+    """Drafts a tree per the paper's Algorithm 1 (grown natively, see native/jakiro_tree.h):
+    dual expert branches for steps 1..gamma-2, CEPD for the last two, `width` nodes expanded
+    per depth, `branch` tokens per branch, then EAGLE-2 reranking to the best nodes."""
 
     feature_window = 128  # prompt tokens whose target features seed the drafter's cache
 
-    def __init__(self, runtime: JakiroRuntime, planner, width: int = 4, branch: int = 2):
+    def __init__(self, runtime: JakiroRuntime, planner, width: int = 4, branch: int = 2,
+                 cepd: bool = True):
         self.rt = runtime
         self.name = f"jakiro:{runtime.path.stem}"
         self.planner = planner
-        self.width, self.branch = width, branch
+        self.width, self.branch, self.cepd = width, branch, cepd
         d = runtime.cfg.d_model
         self.features = np.zeros((0, d), np.float32)  # target hidden state per position
         self.known = np.zeros(0, bool)
@@ -137,117 +146,27 @@ class JakiroDrafter:
 
     # --- drafting ---------------------------------------------------------------------------
 
-    def _mix(self, u, experts, router):
-        """Top-2 experts per row: left and right branch features, f_moe, f_ctr."""
-        scores = np.exp(router - router.max(-1, keepdims=True))
-        scores /= scores.sum(-1, keepdims=True)
-        top = np.argsort(-scores, axis=-1, kind="stable")[:, :2]
-        rows = np.arange(len(u))
-        e_a, e_b = experts[rows, top[:, 0]], experts[rows, top[:, 1]]
-        s = scores[rows[:, None], top]
-        s = s / s.sum(-1, keepdims=True)
-        cfg = self.rt.cfg
-        f_moe = u + s[:, :1] * e_a + s[:, 1:] * e_b
-        f_ctr = u + cfg.beta1 * e_a - cfg.beta2 * e_b
-        return u + e_a, u + e_b, f_moe, f_ctr
-
-    def _top(self, logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The k most likely draft-vocabulary tokens per row (target ids) and their
-        probabilities under the drafter (softmax at T = 1)."""
-        z = logits - logits.max(-1, keepdims=True)
-        p = np.exp(z)
-        p /= p.sum(-1, keepdims=True)
-        idx = np.argpartition(-p, k - 1, axis=-1)[:, :k]
-        order = np.argsort(-np.take_along_axis(p, idx, -1), axis=-1, kind="stable")
-        idx = np.take_along_axis(idx, order, -1)
-        return self.rt.draft_vocab[idx], np.take_along_axis(p, idx, -1)
-
     def propose(self, context: list[int], max_nodes: int) -> DraftTree:
         self.calibration.tick()
-        if max_nodes <= 0 or not self.planner.worth_drafting(min(1.0, self.calibration.value), self.t_step, 0):
+        cal = self.calibration.value
+        if max_nodes <= 0 or not self.planner.worth_drafting(min(1.0, cal), self.t_step, 0):
             return DraftTree.empty()
         t0 = time.perf_counter()
         outs = self._catch_up(context)
         if outs is None:
             return DraftTree.empty()
-        n_context = len(self.slots)
-        gamma = self.rt.cfg.gamma
-        tokens: list[int] = []
-        parents: list[int] = []
-        reach: list[float] = []
-        feed: list[np.ndarray] = []     # per node: the feature its own expansion reads
-        slot_of: dict[int, int] = {}    # expanded node -> its slot in the drafter's cache
-
-        def add(x: int, parent: int, r: float, f: np.ndarray) -> int:
-            tokens.append(x), parents.append(parent), reach.append(r), feed.append(f)
-            return len(tokens) - 1
-
-        nodes, outs_rows = [-1], outs  # nodes whose children the layer outputs predict
-        n_steps = 0
-        for depth in range(1, gamma):
-            new: list[int] = []
-            m = len(nodes)
-            left, right, f_moe, f_ctr = self._mix(*outs_rows)
-            cepd = depth == gamma - 1
-            # One head product for the whole frontier: rows [branch 1 of each; branch 2 of each].
-            ids, probs = self._top(self.rt.logits(np.concatenate(
-                [f_moe, f_ctr] if cepd else [left, right])), self.branch)
-            for r, node in enumerate(nodes):
-                base = reach[node] if node >= 0 else 1.0
-                if cepd:
-                    # Step gamma - 1 from f_moe; step gamma from f_ctr in the same forward,
-                    # under the likeliest step gamma - 1 token.
-                    kids = [add(x, node, base * q, f_moe[r]) for x, q in zip(ids[r].tolist(), probs[r].tolist())]
-                    for x, q in zip(ids[m + r].tolist(), probs[m + r].tolist()):
-                        add(x, kids[0], reach[kids[0]] * q, f_moe[r])
-                    continue
-                seen: dict[int, int] = {}
-                for x, q in zip(ids[[r, m + r]].ravel().tolist(), probs[[r, m + r]].ravel().tolist()):
-                    if x in seen:  # both experts chose it: one node, at the likelier reading
-                        reach[seen[x]] = max(reach[seen[x]], base * q)
-                    else:
-                        seen[x] = add(x, node, base * q, f_moe[r])
-                        new.append(seen[x])
-            if depth == gamma - 1 or len(tokens) >= max_nodes:
-                break
-            # Expand the `width` likeliest new nodes in one forward, each seeing its ancestors.
-            best = sorted(new, key=lambda i: -reach[i])[:self.width]
-            if not best or not self.planner.worth_drafting(
-                    reach[best[0]] * self.calibration.value, self.t_step, depth):
-                break
-            n_cached = self.rt.n_cached
-            mask = np.full((len(best), n_cached + len(best)), -np.inf, np.float32)
-            mask[:, :n_context] = 0.0
-            for r, node in enumerate(best):
-                for a in _ancestors(parents, node):
-                    mask[r, slot_of[a]] = 0.0
-                mask[r, n_cached + r] = 0.0
-                slot_of[node] = n_cached + r
-            u, experts, router = self.rt.layer(np.stack([feed[i] for i in best]),
-                                               [tokens[i] for i in best],
-                                               # a node at depth k reads the feature of
-                                               # the position before its own token
-                                               [len(context) - 2 + depth] * len(best), mask)
-            n_steps += 1
-            nodes, outs_rows = best, (u, experts, router)
-        self.rt.truncate(n_context)  # the cache keeps only the context
-        dt = (time.perf_counter() - t0) / (n_steps + 1)
+        min_reach = [self.planner.min_reach(self.t_step, d) / cal for d in range(1, self.rt.cfg.gamma)]
+        tokens, parents, reach, n_forwards = self.rt.grow_tree(
+            outs, len(context) - 1, self.width, self.branch, max_nodes, self.cepd, np.asarray(min_reach))
+        dt = (time.perf_counter() - t0) / (n_forwards + 1)
         self.t_step = dt if self.t_step == 0 else 0.8 * self.t_step + 0.2 * dt
-        order, new_parents = rerank(parents, reach, max_nodes)
-        tree = DraftTree(np.asarray([tokens[i] for i in order], np.int32),
-                         np.asarray(new_parents, np.int32),
-                         np.asarray([reach[i] for i in order], np.float64))
+        order, new_parents = rerank(parents.tolist(), reach.tolist(), max_nodes)
+        tree = DraftTree(tokens[order].astype(np.int32), np.asarray(new_parents, np.int32),
+                         reach[order].astype(np.float64))
         self._raw = tree.reach.copy()
-        tree.reach = np.minimum(1.0, tree.reach * self.calibration.value)
+        tree.reach = np.minimum(1.0, tree.reach * cal)
         return tree
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
         self.calibration.add(len(verdict.path), float(self._raw[:len(tree)].sum()))
 
-
-def _ancestors(parents: list[int], i: int) -> list[int]:
-    out = []
-    while parents[i] >= 0:
-        i = parents[i]
-        out.append(i)
-    return out

@@ -39,7 +39,10 @@ def chat_example(model: Model, conv: dict, max_tokens: int) -> Example | None:
         if role is None or not isinstance(text, str) or not text.strip():
             return None
         messages.append({"role": role, "content": text})
-    if not any(m["role"] == "assistant" for m in messages):
+    # A conversation that opens with the assistant has no prompt to answer (and some templates,
+    # Qwen's among them, cannot render an empty history).
+    if not messages or messages[0]["role"] == "assistant" or \
+            not any(m["role"] == "assistant" for m in messages):
         return None
     tokens: list[int] = []
     mask: list[bool] = []
