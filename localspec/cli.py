@@ -131,7 +131,7 @@ def cmd_train(a: argparse.Namespace) -> None:
     cfg = TrainConfig(target=resolve(a.target), out=Path(a.out), max_tokens=a.max_tokens,
                       seq_len=a.seq_len, epochs=a.epochs, lr=a.lr, draft_vocab=a.draft_vocab,
                       n_experts=a.experts, gamma=a.gamma, code_share=a.code_share, seed=a.seed,
-                      n_threads=a.threads)
+                      n_threads=a.threads, feature_dir=Path(a.features) if a.features else None)
     train_jakiro(cfg)
 
 
@@ -205,8 +205,9 @@ def parser() -> argparse.ArgumentParser:
     add_sampling_args(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--drafter", default="none",
-                   help="none | lookup | draft[:MODEL] | draft-tree[:MODEL] "
-                        "(default draft model: qwen2.5-coder-0.5b-instruct)")
+                   help="none | lookup | draft[:MODEL] | draft-tree[:MODEL] | "
+                        "jakiro[:FILE][,OPTION=VALUE] (default draft model: "
+                        "qwen2.5-coder-0.5b-instruct; default Jakiro drafter: the one that ships)")
     g.set_defaults(func=cmd_generate)
 
     pl = sub.add_parser("pull", help="download a model into the store (or import a local .gguf)")
@@ -221,10 +222,12 @@ def parser() -> argparse.ArgumentParser:
     add_engine_args(b)
     add_sampling_args(b)
     b.add_argument("--workload", default="humaneval",
-                   help="humaneval | code-edit | sharegpt | mix | FILE.json ([{id, kind, prompt}])")
+                   help="humaneval | code-edit | sharegpt (evaluation tail) | sharegpt-train | mix | "
+                   "FILE.json ([{id, kind, prompt}])")
     b.add_argument("--limit", type=int, default=10, help="number of prompts")
     b.add_argument("--drafter", action="append",
-                   help="repeatable: lookup, draft[:MODEL], draft-tree[:MODEL] (default: lookup and draft)")
+                   help="repeatable: lookup, draft[:MODEL], draft-tree[:MODEL], jakiro[:FILE][,OPTION=VALUE] "
+                   "(default: lookup and draft)")
     b.add_argument("--max-tokens", type=int, default=128)
     b.add_argument("--anchor", action="append", choices=["llama-cpp-python", "llama-server"],
                    help="repeatable: run other implementations in the same run")
@@ -245,7 +248,10 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--epochs", type=int, default=2)
     t.add_argument("--lr", type=float, default=9e-5)
     t.add_argument("--draft-vocab", type=int, default=32_000, help="head rows kept (0: all)")
-    t.add_argument("--experts", type=int, default=2, help="N (two are activated)")
+    t.add_argument("--experts", type=int, default=2,
+                   help="N (two are activated); 1: the EAGLE-style single-expert baseline")
+    t.add_argument("--features", help="feature cache folder (default OUT/features): drafters of "
+                   "one target can share it")
     t.add_argument("--gamma", type=int, default=6, help="draft steps per round")
     t.add_argument("--code-share", type=float, default=0.5, help="share of examples that are code")
     t.add_argument("--seed", type=int, default=0)

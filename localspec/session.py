@@ -58,13 +58,16 @@ class Session:
 
     def drafter(self, spec: str, sampling: SamplingConfig, max_nodes: int | None = None):
         """`lookup`, `draft[:MODEL]` (a chain), `draft-tree[:MODEL]` (a tree, 4 wide, 2
-        children per node) or `jakiro:FILE[,OPTION=VALUE...]` (a Jakiro drafter GGUF, see
-        jakiro_options); MODEL a registry name or GGUF path. None for `none`."""
+        children per node) or `jakiro[:FILE][,OPTION=VALUE...]` (a Jakiro drafter GGUF, by
+        default the one that ships for the target; see jakiro_options); MODEL a registry name
+        or GGUF path. None for `none`."""
         if spec == "none":
             return None
         key = (spec, sampling, max_nodes)
         if key not in self._drafters:
             kind, _, arg = spec.partition(":")
+            if kind.startswith("jakiro,"):  # options without a file: `jakiro,cepd=off`
+                kind, arg = "jakiro", kind[len("jakiro"):]
             if kind == "lookup":
                 from localspec.drafters.lookup import LookupDrafter
                 d = LookupDrafter()
@@ -77,13 +80,18 @@ class Session:
             elif kind == "jakiro":
                 from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime
                 path, opts = jakiro_options(arg)
+                if path is None:
+                    path = store.shipped_drafter(self.model.path)
+                    if path is None:
+                        raise LocalspecError(f"no Jakiro drafter ships for {self.model.path.stem}: train "
+                                             "one (localspec train jakiro) and pass --drafter jakiro:FILE")
                 self.ctx.set_embeddings(True)
                 rt = JakiroRuntime(path, self.model, self.cfg.n_ctx, self.cfg.threads,
                                    full_vocab=opts.pop("vocab") == "full")
                 d = JakiroDrafter(rt, self.planner(max_nodes), **opts)
             else:
                 raise LocalspecError(f"unknown drafter '{spec}' (none, lookup, draft[:MODEL], "
-                                     "draft-tree[:MODEL], jakiro:FILE[,OPTION=VALUE...])")
+                                     "draft-tree[:MODEL], jakiro[:FILE][,OPTION=VALUE...])")
             self._drafters[key] = d
         return self._drafters[key]
 
@@ -115,13 +123,12 @@ class Session:
 JAKIRO_OPTIONS = {"width": int, "branch": int, "cepd": ("on", "off"), "vocab": ("draft", "full")}
 
 
-def jakiro_options(arg: str) -> tuple[Path, dict]:
-    """`FILE[,width=N][,branch=N][,cepd=on|off][,vocab=draft|full]`: the tree's expanded
-    nodes per depth and tokens per branch, CEPD for the last two steps, and the head's rows
-    (the drafter's own reduced vocabulary, or every target token)."""
+def jakiro_options(arg: str) -> tuple[Path | None, dict]:
+    """`[FILE][,width=N][,branch=N][,cepd=on|off][,vocab=draft|full]`: the drafter (None: the
+    one that ships for the target), the tree's expanded nodes per depth and tokens per branch,
+    CEPD for the last two steps, and the head's rows (the drafter's own reduced vocabulary,
+    or every target token)."""
     path, *pairs = arg.split(",")
-    if not path:
-        raise LocalspecError("the Jakiro drafter needs its file: --drafter jakiro:PATH.gguf")
     opts: dict = {"vocab": "draft", "cepd": "on"}
     for pair in pairs:
         key, _, value = pair.partition("=")
@@ -131,4 +138,4 @@ def jakiro_options(arg: str) -> tuple[Path, dict]:
                                  "vocab=draft|full)")
         opts[key] = int(value) if allowed is int else value
     opts["cepd"] = opts["cepd"] == "on"
-    return Path(path), opts
+    return Path(path) if path else None, opts

@@ -50,6 +50,16 @@ def _builtin_registry() -> dict:
     return json.loads(text)
 
 
+def shipped_drafter(target: Path) -> Path | None:
+    """The Jakiro drafter that ships for a target (models/jakiro/TARGET.q8_0.gguf), if any."""
+    name = f"{Path(target).stem}.q8_0.gguf"
+    installed = resources.files("localspec").joinpath("jakiro", name)
+    for path in (Path(str(installed)), Path(__file__).parent.parent / "models" / "jakiro" / name):
+        if path.is_file():
+            return path
+    return None
+
+
 def _local_registry_path() -> Path:
     return store_dir() / "local.json"
 

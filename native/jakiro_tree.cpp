@@ -27,8 +27,9 @@ mixed_rows mix(const jakiro_hparams & hp, const float * u, const float * experts
         std::iota(order.begin(), order.end(), 0);
         // Softmax is monotone: rank by logit; ties keep the lower expert.
         std::stable_sort(order.begin(), order.end(), [g](int32_t i, int32_t j) { return g[i] > g[j]; });
-        const int32_t a = order[0], b = order[1];
-        const float s_a = 1.0f / (1.0f + std::exp(g[b] - g[a]));  // softmax over {a, b} = renormalised
+        // A single expert (the EAGLE-style baseline) is both "branches" with weight 1.
+        const int32_t a = order[0], b = N > 1 ? order[1] : a;
+        const float s_a = N > 1 ? 1.0f / (1.0f + std::exp(g[b] - g[a])) : 1.0f;  // softmax over {a, b}
         const float s_b = 1.0f - s_a;
         const float * ur = u + size_t(r) * d;
         const float * ea = experts + (size_t(r) * N + a) * d;
@@ -78,7 +79,10 @@ grown_tree grow_jakiro_tree(jakiro_model & model, const float * u, const float *
     const jakiro_hparams & hp = model.hparams();
     const int32_t d = hp.d_model, N = hp.n_experts, gamma = hp.gamma;
     const int32_t n_context = model.n_cached();
-    const int32_t last_depth = shape.cepd ? gamma - 1 : gamma;
+    // One expert: one branch offering twice the tokens, and no CEPD (its contrast needs two).
+    const bool single = N == 1, use_cepd = shape.cepd && !single;
+    const int32_t per_row = single ? 2 * shape.branch : shape.branch;
+    const int32_t last_depth = use_cepd ? gamma - 1 : gamma;
 
     grown_tree t;
     std::vector<std::vector<float>> feed;  // per node: the feature its expansion reads
@@ -97,12 +101,13 @@ grown_tree grow_jakiro_tree(jakiro_model & model, const float * u, const float *
     for (int32_t depth = 1; depth <= last_depth; ++depth) {
         const int32_t m = int32_t(frontier.size());
         const mixed_rows x = mix(hp, cur_u.data(), cur_e.data(), cur_r.data(), m);
-        const bool cepd = shape.cepd && depth == gamma - 1;
+        const bool cepd = use_cepd && depth == gamma - 1;
         // One head product for the frontier: rows [first feature of each; second of each].
         std::vector<float> rows(cepd ? x.moe : x.left);
         const std::vector<float> & second = cepd ? x.ctr : x.right;
-        rows.insert(rows.end(), second.begin(), second.end());
-        const auto cands = top_k(model.logits(rows.data(), 2 * m), 2 * m, shape.branch, model.draft_vocab());
+        if (!single) rows.insert(rows.end(), second.begin(), second.end());
+        const int32_t n_rows = single ? m : 2 * m;
+        const auto cands = top_k(model.logits(rows.data(), n_rows), n_rows, per_row, model.draft_vocab());
 
         std::vector<int32_t> added;
         for (int32_t r = 0; r < m; ++r) {
@@ -122,6 +127,7 @@ grown_tree grow_jakiro_tree(jakiro_model & model, const float * u, const float *
             }
             std::unordered_map<int32_t, int32_t> seen;  // token -> node: both experts chose it
             for (int32_t side : {r, m + r}) {
+                if (side >= n_rows) break;
                 for (const candidate & c : cands[side]) {
                     auto it = seen.find(c.token);
                     if (it != seen.end()) {

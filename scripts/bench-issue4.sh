@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LS=".venv/bin/localspec"
-J=${JAKIRO:-models/qwen2.5-coder-1.5b-jakiro.q8_0.gguf}
+J=${JAKIRO:-models/jakiro/qwen2.5-coder-1.5b-instruct.q8_0.gguf}
 OUT=docs/bench/jakiro
 mkdir -p $OUT
 common=(-m qwen2.5-coder-1.5b-instruct --threads 2 --drafter lookup --drafter draft --drafter "jakiro:$J")

@@ -19,22 +19,32 @@ from localspec.train.target_weights import TargetWeights  # noqa: E402
 NEG = float("-inf")
 
 
-@pytest.fixture(scope="module")
-def drafter(small_model, small_path, tmp_path_factory):
+def random_drafter(model, path, folder, n_experts):
     """A randomly initialised drafter for SmolLM2 with a reduced vocabulary, as f32 GGUF."""
-    vocab = list(range(0, small_model.n_vocab, 7))
-    cfg = JakiroConfig(target_name=small_model.name, target_vocab=small_model.n_vocab,
-                       target_tokenizer=tokenizer_hash(small_model), d_model=small_model.n_embd,
-                       n_heads=9, rope_theta=100000.0, n_experts=3, draft_vocab=vocab)
-    w = TargetWeights(small_path)
+    vocab = list(range(0, model.n_vocab, 7))
+    cfg = JakiroConfig(target_name=model.name, target_vocab=model.n_vocab,
+                       target_tokenizer=tokenizer_hash(model), d_model=model.n_embd,
+                       n_heads=9, rope_theta=100000.0, n_experts=n_experts,
+                       top_k=min(2, n_experts), draft_vocab=vocab)
+    w = TargetWeights(path)
     net = JakiroNet(cfg, w.embedding(), w.head(np.asarray(vocab)))
     init_weights(net, seed=3)
     with torch.no_grad():  # break init's near-identity so every part of the layer matters
         for p in net.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    path = tmp_path_factory.mktemp("jakiro") / "d.gguf"
-    write_gguf(cfg, {k: v.numpy() for k, v in net.state_dict().items()}, path, "f32")
-    return net, path
+    out = folder / f"d{n_experts}.gguf"
+    write_gguf(cfg, {k: v.numpy() for k, v in net.state_dict().items()}, out, "f32")
+    return net, out
+
+
+@pytest.fixture(scope="module")
+def drafter(small_model, small_path, tmp_path_factory):
+    return random_drafter(small_model, small_path, tmp_path_factory.mktemp("jakiro"), 3)
+
+
+@pytest.fixture(scope="module")
+def single_expert(small_model, small_path, tmp_path_factory):
+    return random_drafter(small_model, small_path, tmp_path_factory.mktemp("eagle"), 1)
 
 
 def causal(n: int, n_past: int = 0) -> np.ndarray:
@@ -108,20 +118,27 @@ def reference_tree(net, head_logits, feats, tokens, width, branch, max_nodes, ce
         out = (u[-1:], experts[-1:], router[-1:])
         nodes = []  # [token, parent, reach, feed, slot]
         frontier = [-1]
+        single = cfg.n_experts == 1  # one branch of 2 * branch tokens, no CEPD
+        cepd = cepd and not single
         last = cfg.gamma - 1 if cepd else cfg.gamma
         for depth in range(1, last + 1):
             u, experts, router = out
-            scores = torch.softmax(router, -1)
-            s, top = scores.topk(2, -1)
-            s = s / s.sum(-1, keepdim=True)
-            e_a = experts[torch.arange(len(u)), top[:, 0]]
-            e_b = experts[torch.arange(len(u)), top[:, 1]]
-            f_moe = u + s[:, :1] * e_a + s[:, 1:] * e_b
-            f_ctr = u + cfg.beta1 * e_a - cfg.beta2 * e_b
+            if single:
+                f_moe = u + experts[:, 0]
+                first, second = f_moe, f_moe[:0]
+            else:
+                scores = torch.softmax(router, -1)
+                s, top = scores.topk(2, -1)
+                s = s / s.sum(-1, keepdim=True)
+                e_a = experts[torch.arange(len(u)), top[:, 0]]
+                e_b = experts[torch.arange(len(u)), top[:, 1]]
+                f_moe = u + s[:, :1] * e_a + s[:, 1:] * e_b
+                f_ctr = u + cfg.beta1 * e_a - cfg.beta2 * e_b
+                first, second = (f_moe, f_ctr) if cepd and depth == cfg.gamma - 1 else (u + e_a, u + e_b)
             at_cepd = cepd and depth == cfg.gamma - 1
-            first, second = (f_moe, f_ctr) if at_cepd else (u + e_a, u + e_b)
             logits = torch.from_numpy(head_logits(torch.cat([first, second]).numpy()))
-            ids = logits.topk(branch, -1).indices  # by logit: probabilities can underflow to ties
+            # by logit: probabilities can underflow to ties
+            ids = logits.topk(2 * branch if single else branch, -1).indices
             p = torch.softmax(logits.double(), -1).gather(-1, ids)
             ids = torch.from_numpy(np.asarray(net.cfg.draft_vocab))[ids]
             added = []
@@ -136,7 +153,7 @@ def reference_tree(net, head_logits, feats, tokens, width, branch, max_nodes, ce
                         nodes.append([x, kids[0], nodes[kids[0]][2] * q, f_moe[r], -1])
                     continue
                 mine = {}
-                for row in (r, len(frontier) + r):
+                for row in (r,) if single else (r, len(frontier) + r):
                     for x, q in zip(ids[row].tolist(), p[row].tolist()):
                         if x in mine:
                             nodes[mine[x]][2] = max(nodes[mine[x]][2], base * q)
@@ -167,6 +184,15 @@ def reference_tree(net, head_logits, feats, tokens, width, branch, max_nodes, ce
 @pytest.mark.parametrize("cepd", [True, False])
 def test_native_tree_matches_torch_reference(drafter, small_model, cepd):
     net, path = drafter
+    check_tree_against_reference(net, path, small_model, cepd)
+
+
+def test_single_expert_tree_has_one_branch_and_no_cepd(single_expert, small_model):
+    net, path = single_expert
+    check_tree_against_reference(net, path, small_model, cepd=True)
+
+
+def check_tree_against_reference(net, path, small_model, cepd):
     rt = JakiroRuntime(path, small_model, n_ctx=128, n_threads=2)
     g = torch.Generator().manual_seed(1)
     feats = torch.randn(5, net.cfg.d_model, generator=g) * 3
@@ -179,6 +205,7 @@ def test_native_tree_matches_torch_reference(drafter, small_model, cepd):
     assert tree[1].tolist() == ref[1]
     np.testing.assert_allclose(tree[2], ref[2], rtol=2e-2, atol=1e-6)
     # gamma = 6: expansions at depths 1-4 with CEPD (its last forward gives steps 5 and 6), 1-5 without.
+    cepd = cepd and net.cfg.n_experts > 1
     assert tree[3] == (4 if cepd else 5)
     depth = [0] * len(ref[1])
     for i, p in enumerate(ref[1]):
@@ -197,7 +224,8 @@ def test_drafter_options_full_vocabulary_and_refusals(drafter, small_model):
     net, path = drafter
     assert jakiro_options(f"{path},width=1,cepd=off,vocab=full") == \
         (path, {"vocab": "full", "cepd": False, "width": 1})
-    assert short_label(f"jakiro:{path},cepd=off") == "jakiro:d,cepd=off"
+    assert short_label(f"jakiro:{path},cepd=off") == f"jakiro:{path.stem},cepd=off"
+    assert jakiro_options(",branch=1") == (None, {"vocab": "draft", "cepd": True, "branch": 1})
     for bad in ("width=0", "depth=3", "cepd=maybe", "vocab=half"):
         with pytest.raises(LocalspecError, match="bad Jakiro option"):
             jakiro_options(f"{path},{bad}")

@@ -20,6 +20,7 @@ from localspec.engine.cost import CostCurve  # noqa: E402
 from localspec.errors import LocalspecError  # noqa: E402
 from localspec.train.corpus import chat_example, code_examples  # noqa: E402
 from localspec.train.features import FeatureStore, tokenizer_hash  # noqa: E402
+from localspec.train.jakiro import sequence_loss  # noqa: E402
 from localspec.train.jakiro_net import JakiroNet, init_weights  # noqa: E402
 from localspec.control.planner import Planner  # noqa: E402
 from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime  # noqa: E402
@@ -103,6 +104,26 @@ def test_cepd_and_branch_features_follow_the_definitions(small_model):
         torch.testing.assert_close(f_ctr[t], u[t] + 1.2 * experts[t, a] - 0.3 * experts[t, b])
 
 
+def test_single_expert_baseline_trains_on_the_next_feature_only(small_model):
+    cfg = tiny_config(small_model, n_experts=1, top_k=1)
+    assert cfg.d_expert == cfg.d_model // 2  # as wide as Jakiro's two activated experts
+    net = random_net(cfg)
+    T = 12
+    g = np.random.default_rng(0)
+    tokens = g.integers(0, cfg.target_vocab, T).astype(np.int32)
+    hidden = g.normal(size=(T, cfg.d_model)).astype(np.float32)
+    loss, stats = sequence_loss(net, tokens, np.ones(T, bool), hidden, 0.0, None)
+    loss.backward()
+    assert set(stats) == {"reg_moe", "ce_moe", "acc_moe", "loss"}
+    assert net.experts[0].down.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        u, e_a, e_b, s_a, s_b, _ = net.step(torch.from_numpy(hidden), torch.from_numpy(tokens).long(),
+                                            torch.arange(T))
+        torch.testing.assert_close(net.features(u, e_a, e_b, s_a, s_b)[0], u + net.experts[0](net.norm(u)))
+    with pytest.raises(ValueError, match="two experts"):
+        tiny_config(small_model, n_experts=1)  # K = 2 of one expert
+
+
 @pytest.mark.parametrize("dtype,tol", [("f32", 0.0), ("f16", 2e-3), ("q8_0", 2e-2)])
 def test_gguf_round_trip(small_model, tmp_path, dtype, tol):
     cfg = tiny_config(small_model, draft_vocab=list(range(0, 4000, 2)))
@@ -138,6 +159,13 @@ def test_bad_drafter_files_get_one_line_errors(tmp_path, small_path):
         with pytest.raises(LocalspecError) as e:
             read_gguf(path)
         assert "\n" not in str(e.value)
+
+
+def test_no_shipped_drafter_is_a_one_line_error(small_path, capsys):
+    assert main(["generate", "-m", str(small_path), "--drafter", "jakiro,width=1",
+                 "--max-tokens", "4", "def f():"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "no Jakiro drafter ships for smollm2-135m-instruct" in err and "\n" not in err
 
 
 @pytest.fixture(scope="module")

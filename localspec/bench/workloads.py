@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import gzip
+import functools
 import inspect
 import itertools
 import json
@@ -85,9 +86,9 @@ def sharegpt_conversations():
         yield conv
 
 
-def sharegpt(limit: int = 30, part: str = "train", max_chars: int = 1500) -> list[Prompt]:
-    """First user turns of ShareGPT conversations from the training part (the first
-    N_SHAREGPT_TRAIN) or the evaluation tail."""
+def sharegpt(limit: int = 30, part: str = "eval", max_chars: int = 1500) -> list[Prompt]:
+    """First user turns of ShareGPT conversations from the evaluation tail (never trained
+    on) or the training part (the first N_SHAREGPT_TRAIN)."""
     convs = itertools.islice(sharegpt_conversations(), N_SHAREGPT_PARSED)
     lo, hi = (0, N_SHAREGPT_TRAIN) if part == "train" else (N_SHAREGPT_TRAIN, N_SHAREGPT_PARSED)
     out = []
@@ -108,7 +109,8 @@ def mix(limit: int = 30) -> list[Prompt]:
     return [p for group in itertools.zip_longest(*parts) for p in group if p][:limit]
 
 
-BUILTIN = {"humaneval": humaneval, "code-edit": code_edit, "sharegpt": sharegpt, "mix": mix}
+BUILTIN = {"humaneval": humaneval, "code-edit": code_edit, "sharegpt": sharegpt, "mix": mix,
+           "sharegpt-train": functools.partial(sharegpt, part="train")}
 
 
 def load(spec: str, limit: int) -> list[Prompt]:

@@ -97,7 +97,7 @@ def sequence_loss(net: JakiroNet, tokens: np.ndarray, mask: np.ndarray, hidden: 
     reg1, ce1, acc1 = terms(f_moe, H[1:][m1], m1)
     loss = LOSS_WEIGHTS[0] * reg1 + LOSS_WEIGHTS[2] * ce1
     stats = {"reg_moe": reg1.item(), "ce_moe": ce1.item(), "acc_moe": acc1.item()}
-    if m2.any():
+    if m2.any() and not net.cfg.single:  # the single-expert baseline has no f_ctr
         reg2, ce2, acc2 = terms(f_ctr, H[2:][m2[:T - 2]], m2)
         loss = loss + LOSS_WEIGHTS[1] * reg2 + LOSS_WEIGHTS[3] * ce2
         stats |= {"reg_ctr": reg2.item(), "ce_ctr": ce2.item(), "acc_ctr": acc2.item()}
@@ -144,7 +144,7 @@ class Trainer:
             n_heads=int(w.arch_meta("attention.head_count")),
             rope_theta=float(w.arch_meta("rope.freq_base", 10000.0)),
             norm_eps=float(w.arch_meta("attention.layer_norm_rms_epsilon", 1e-6)),
-            n_experts=self.cfg.n_experts, gamma=self.cfg.gamma,
+            n_experts=self.cfg.n_experts, top_k=min(2, self.cfg.n_experts), gamma=self.cfg.gamma,
             draft_vocab=draft_vocabulary(self.model, self.cfg))
 
     def train_shard(self, shard: Shard, label: str) -> None:

@@ -124,7 +124,12 @@ class JakiroNet(nn.Module):
 
 
 def top2(experts: torch.Tensor, router: torch.Tensor):
-    """The two activated experts' outputs and their weights renormalised to sum to 1."""
+    """The two activated experts' outputs and their weights renormalised to sum to 1 (a single
+    expert: its output and weight 1, and a zero second expert of weight 0)."""
+    if experts.shape[-2] == 1:
+        e = experts[..., 0, :]
+        one = torch.ones(*e.shape[:-1], 1)
+        return e, torch.zeros_like(e), one, 0 * one
     scores = torch.softmax(router, dim=-1)
     top_s, top_i = scores.topk(2, dim=-1)
     top_s = top_s / top_s.sum(-1, keepdim=True)

@@ -1,0 +1,59 @@
+"""Token Diversity Index of a tree drafter's candidates (Jakiro paper, eq. 18): at every node
+with k >= 2 children, the entropy of the children's drafter probabilities renormalised over
+the k, divided by log k; averaged over the nodes of the trees drafted while decoding a
+workload greedily. 1 = the siblings are equally likely, 0 = one sibling takes all.
+
+    .venv/bin/python scripts/jakiro_tdi.py --drafter jakiro
+"""
+
+import argparse
+
+import numpy as np
+
+from localspec.bench.runner import prompt_tokens
+from localspec.bench.workloads import load
+from localspec.sampling import SamplingConfig
+from localspec.session import EngineConfig, Session
+
+
+def tree_tdi(parents: np.ndarray, reach: np.ndarray) -> list[float]:
+    out = []
+    for node in np.unique(parents):
+        kids = np.flatnonzero(parents == node)
+        if len(kids) < 2:
+            continue
+        p = reach[kids] / reach[kids].sum()
+        p = p[p > 0]
+        out.append(float(-(p * np.log(p)).sum() / np.log(len(kids))))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--drafter", required=True)
+    ap.add_argument("--workload", default="humaneval")
+    ap.add_argument("--limit", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    session = Session(EngineConfig(model=args.model, threads=args.threads))
+    greedy = SamplingConfig(temperature=0.0)
+    drafter = session.drafter(args.drafter, greedy)
+    values: list[float] = []
+    propose = drafter.propose
+
+    def recording(context, max_nodes):
+        tree = propose(context, max_nodes)
+        if len(tree):
+            values.extend(tree_tdi(tree.parents, drafter._raw[:len(tree)]))
+        return tree
+
+    drafter.propose = recording
+    for prompt in load(args.workload, args.limit):
+        list(session.generate(prompt_tokens(session, prompt), args.max_tokens, greedy, args.drafter))
+    print(f"{args.drafter}: TDI {np.mean(values):.3f} over {len(values)} branching nodes")
+
+
+if __name__ == "__main__":
+    main()
