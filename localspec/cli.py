@@ -29,6 +29,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true",
                    help="greedy output bit-identical to plain decoding: use kernels whose batches "
                         "reproduce single tokens (slower verification)")
+    p.add_argument("--flat-cost", action="store_true",
+                   help="plan drafts as if a verification batch cost what one token does (as on "
+                        "a GPU): drafters draft all they can, which measures their tau; slower "
+                        "on a CPU")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -42,7 +46,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def engine_config(a: argparse.Namespace):
     from localspec.session import EngineConfig
-    return EngineConfig(a.model, a.ctx, a.threads, a.gpu_layers, a.flash_attn, strict=a.strict)
+    return EngineConfig(a.model, a.ctx, a.threads, a.gpu_layers, a.flash_attn, strict=a.strict,
+                        flat_cost=a.flat_cost)
 
 
 def sampling_config(a: argparse.Namespace):
@@ -175,7 +180,8 @@ def cmd_bench(a: argparse.Namespace) -> None:
         for anchor in anchors:
             anchor.close()
     title = (f"{session.model.path.stem} · {cfg.workload} × {len(prompts)} · {cfg.max_tokens} tokens"
-             f" · T={sampling.temperature}")
+             f" · T={sampling.temperature}" + (" · flat cost" if a.flat_cost else "")
+             + (" · strict" if a.strict else ""))
     print(f"\n{title}\n\n{report.table(configs)}")
     print(f"\nbatched vs single-token logits differ by up to {session.curve.discrepancy:.3f} "
           "on this model and build (a tie within it may legitimately flip)")

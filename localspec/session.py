@@ -3,7 +3,7 @@ together once and used for many requests (CLI, bench, later the chat and the ser
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -33,6 +33,9 @@ class EngineConfig:
     # single-token decoding exactly (the cost curve measures how far), and verification
     # batches kept within that size. Where no batch is exact, near-ties are settled instead.
     strict: bool = False
+    # Plan as if every verification batch cost one single-token forward (a GPU's shape): the
+    # drafters' tau, not this machine's trade-off, decides how much they draft.
+    flat_cost: bool = False
 
 
 class Session:
@@ -51,6 +54,9 @@ class Session:
     def curve(self) -> CostCurve:
         if self._curve is None:
             self._curve = cost_curve(self.ctx)
+            if self.cfg.flat_cost:
+                c = self._curve
+                self._curve = replace(c, seconds=[c.seconds[0]] * len(c.seconds))
         return self._curve
 
     def planner(self, max_nodes: int | None = None) -> Planner:
