@@ -3,6 +3,7 @@ together once and used for many requests (CLI, bench, later the chat and the ser
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -71,9 +72,7 @@ class Session:
             return None
         key = (spec, sampling, max_nodes)
         if key not in self._drafters:
-            kind, _, arg = spec.partition(":")
-            if kind.startswith("jakiro,"):  # options without a file: `jakiro,cepd=off`
-                kind, arg = "jakiro", kind[len("jakiro"):]
+            kind, arg = split_spec(spec)
             if kind == "lookup":
                 from localspec.drafters.lookup import LookupDrafter
                 d = LookupDrafter()
@@ -124,6 +123,13 @@ class Session:
                 d.close()
         self.ctx.close()
         self.model.close()
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """A drafter spec's kind (up to the first ':' or ',') and the rest after a ':': `jakiro`
+    options may follow the kind directly (`jakiro,cepd=off`) or a file (`jakiro:F,cepd=off`)."""
+    kind = re.match(r"[^:,]*", spec).group()
+    return kind, spec[len(kind):].removeprefix(":")
 
 
 JAKIRO_OPTIONS = {"width": int, "branch": int, "cepd": ("on", "off"), "vocab": ("draft", "full")}

@@ -12,7 +12,7 @@ import numpy as np
 from localspec.bench.workloads import Prompt
 from localspec.engine.text import chat_tokens
 from localspec.sampling import SamplingConfig
-from localspec.session import Session
+from localspec.session import Session, split_spec
 from localspec.speculative import SpecStats
 
 
@@ -94,9 +94,9 @@ def near_tie(session: Session, prompt: list[int], plain: list[int], other: list[
 
 def short_label(spec: str) -> str:
     """`jakiro:/some/dir/x.gguf,cepd=off` -> `jakiro:x,cepd=off`: tables name files, not paths."""
-    kind, sep, arg = spec.partition(":")
+    kind, arg = split_spec(spec)
     path, comma, opts = arg.partition(",")
-    if sep and ("/" in path or path.endswith(".gguf")):
+    if "/" in path or path.endswith(".gguf"):
         return f"{kind}:{Path(path).stem}{comma}{opts}"
     return spec
 

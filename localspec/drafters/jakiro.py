@@ -109,8 +109,8 @@ class JakiroDrafter:
 
     def _catch_up(self, context: list[int]) -> tuple[np.ndarray, ...] | None:
         """Run the layer over context positions not yet in the drafter's cache (each reads its
-        feature and the next token); return the outputs of the last, whose next token is the
-        root. None when the features it needs are missing."""
+        feature and the next token); return the layer outputs, whose last row's next token is
+        the root. None when the features it needs are missing."""
         last = len(context) - 2  # the root's predecessor: its feature predicts the root
         # Where the context diverged from what the cache saw, roll back.
         ok = 0
@@ -142,7 +142,7 @@ class JakiroDrafter:
         mask[:, n_cached:] = np.triu(np.full((n, n), -np.inf, np.float32), 1)
         out = self.rt.layer(self.features[begin:last + 1], [context[p + 1] for p in pos], pos, mask)
         self.slots.extend(context[p + 1] for p in pos)
-        return tuple(x[-1:] for x in out)
+        return out
 
     # --- drafting ---------------------------------------------------------------------------
 

@@ -44,8 +44,8 @@ class TrainConfig:
     feature_dir: Path | None = None  # default: OUT/features
 
 
-LOSS_WEIGHTS = (1.0, 1.0, 0.1, 0.05)
-LOG_EVERY = 20  # training steps (sequences) per point of the loss curve  # SmoothL1 moe, SmoothL1 ctr, CE moe, CE ctr (paper eq. 16)
+LOSS_WEIGHTS = (1.0, 1.0, 0.1, 0.05)  # SmoothL1 moe, SmoothL1 ctr, CE moe, CE ctr (paper eq. 16)
+LOG_EVERY = 20  # training steps (sequences) per point of the loss curve
 
 
 def draft_vocabulary(model: Model, cfg: TrainConfig) -> list[int]:
