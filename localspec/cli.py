@@ -8,13 +8,18 @@ from dataclasses import dataclass
 
 from localspec.errors import LocalspecError
 
+DRAFTER_HELP = ("auto[:D+D...] (Cascade chooses the drafter and K per request and phase) | none | "
+                "lookup | draft[:MODEL] | draft-tree[:MODEL] | jakiro[:FILE][,OPTION=VALUE]; any but "
+                "auto may end in @K, a static K (default draft model: qwen2.5-coder-0.5b-instruct; "
+                "default Jakiro drafter: the one that ships for the target)")
+
 
 @dataclass(frozen=True)
 class GenerateConfig:
     prompt: str
     max_tokens: int = 256
     chat: bool = False
-    drafter: str = "none"
+    drafter: str = "auto"
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -161,7 +166,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
     from localspec.progress import progress_bar
     from localspec.session import DEFAULT_DRAFT_MODEL, Session
 
-    cfg = BenchConfig(a.workload, a.limit, tuple(a.drafter or ["lookup", "draft"]), a.max_tokens,
+    cfg = BenchConfig(a.workload, a.limit, tuple(a.drafter or ["auto"]), a.max_tokens,
                       tuple(a.anchor or []), a.json, a.chart)
     prompts = workloads.load(cfg.workload, cfg.limit)
     session = Session(engine_config(a))
@@ -210,10 +215,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--max-tokens", type=int, default=256)
     add_sampling_args(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    g.add_argument("--drafter", default="none",
-                   help="none | lookup | draft[:MODEL] | draft-tree[:MODEL] | "
-                        "jakiro[:FILE][,OPTION=VALUE] (default draft model: "
-                        "qwen2.5-coder-0.5b-instruct; default Jakiro drafter: the one that ships)")
+    g.add_argument("--drafter", default="auto", help=DRAFTER_HELP + " (default: auto)")
     g.set_defaults(func=cmd_generate)
 
     pl = sub.add_parser("pull", help="download a model into the store (or import a local .gguf)")
@@ -232,8 +234,7 @@ def parser() -> argparse.ArgumentParser:
                    "FILE.json ([{id, kind, prompt}])")
     b.add_argument("--limit", type=int, default=10, help="number of prompts")
     b.add_argument("--drafter", action="append",
-                   help="repeatable: lookup, draft[:MODEL], draft-tree[:MODEL], jakiro[:FILE][,OPTION=VALUE] "
-                   "(default: lookup and draft)")
+                   help="repeatable: " + DRAFTER_HELP + " (default: auto)")
     b.add_argument("--max-tokens", type=int, default=128)
     b.add_argument("--anchor", action="append", choices=["llama-cpp-python", "llama-server"],
                    help="repeatable: run other implementations in the same run")

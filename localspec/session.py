@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from localspec import store
-from localspec.control.planner import Planner
+from localspec.control.planner import FixedPlanner, Planner
 from localspec.engine import Context, Model
 from localspec.engine.context import ContextConfig
 from localspec.engine.cost import CostCurve, cost_curve
@@ -63,23 +63,37 @@ class Session:
     def planner(self, max_nodes: int | None = None) -> Planner:
         return Planner(self.curve, self.cfg.n_seq_max, max_nodes)
 
+    def planner_for(self, spec: str, max_nodes: int | None = None) -> Planner:
+        """A drafter spec's planner: cost-aware, or static with `@K`."""
+        k = split_budget(spec)[1]
+        return FixedPlanner(self.curve, self.cfg.n_seq_max, k) if k else self.planner(max_nodes)
+
     def drafter(self, spec: str, sampling: SamplingConfig, max_nodes: int | None = None):
         """`lookup`, `draft[:MODEL]` (a chain), `draft-tree[:MODEL]` (a tree, 4 wide, 2
-        children per node) or `jakiro[:FILE][,OPTION=VALUE...]` (a Jakiro drafter GGUF, by
-        default the one that ships for the target; see jakiro_options); MODEL a registry name
-        or GGUF path. None for `none`."""
+        children per node), `jakiro[:FILE][,OPTION=VALUE...]` (a Jakiro drafter GGUF, by
+        default the one that ships for the target; see jakiro_options) or `auto[:D+D...]`
+        (Cascade over the given drafters, by default every one available); MODEL a registry
+        name or GGUF path. Any but auto may end in `@K`: a static K, always up to K draft
+        tokens, all verified, instead of the cost-aware size. None for `none`."""
         if spec == "none":
             return None
         key = (spec, sampling, max_nodes)
         if key not in self._drafters:
-            kind, arg = split_spec(spec)
-            if kind == "lookup":
+            kind, arg = split_spec(split_budget(spec)[0])
+            planner = self.planner_for(spec, max_nodes)
+            if kind == "auto":
+                from localspec.drafters.auto import AutoDrafter
+                if split_budget(spec)[1]:
+                    raise LocalspecError("auto chooses K itself: no @K after auto")
+                members = arg.split("+") if arg else self.available_drafters(sampling)
+                d = AutoDrafter({m: self.drafter(m, sampling) for m in members}, self.curve)
+            elif kind == "lookup":
                 from localspec.drafters.lookup import LookupDrafter
                 d = LookupDrafter()
             elif kind in ("draft", "draft-tree"):
                 from localspec.drafters.draft_model import DraftModelDrafter
                 dm = Model(store.resolve(arg or DEFAULT_DRAFT_MODEL), n_gpu_layers=self.cfg.n_gpu_layers)
-                d = DraftModelDrafter(dm, self.model, sampling, self.planner(max_nodes),
+                d = DraftModelDrafter(dm, self.model, sampling, planner,
                                       width=4 if kind == "draft-tree" else 1,
                                       n_ctx=self.cfg.n_ctx, n_threads=self.cfg.threads)
             elif kind == "jakiro":
@@ -93,12 +107,28 @@ class Session:
                 self.ctx.set_embeddings(True)
                 rt = JakiroRuntime(path, self.model, self.cfg.n_ctx, self.cfg.threads,
                                    full_vocab=opts.pop("vocab") == "full")
-                d = JakiroDrafter(rt, self.planner(max_nodes), **opts)
+                d = JakiroDrafter(rt, planner, **opts)
             else:
-                raise LocalspecError(f"unknown drafter '{spec}' (none, lookup, draft[:MODEL], "
-                                     "draft-tree[:MODEL], jakiro[:FILE][,OPTION=VALUE...])")
+                raise LocalspecError(f"unknown drafter '{spec}' (none, auto[:D+D...], lookup, "
+                                     "draft[:MODEL], draft-tree[:MODEL], jakiro[:FILE][,OPTION=VALUE...], "
+                                     "each but auto optionally @K)")
             self._drafters[key] = d
         return self._drafters[key]
+
+    def available_drafters(self, sampling: SamplingConfig) -> list[str]:
+        """What `auto` chooses among: prompt lookup; the default draft model when it is
+        pulled, is not the target and shares its tokenizer; the Jakiro drafter that ships for
+        the target, if one does."""
+        found = ["lookup"]
+        try:
+            if store.resolve(DEFAULT_DRAFT_MODEL, pull_missing=False) != self.model.path:
+                self.drafter("draft", sampling)
+                found.append("draft")
+        except LocalspecError:
+            pass
+        if store.shipped_drafter(self.model.path) is not None:
+            found.append("jakiro")
+        return found
 
     def generate(self, prompt: Sequence[int], max_tokens: int, sampling: SamplingConfig,
                  drafter: str = "none", stats: SpecStats | None = None,
@@ -106,6 +136,8 @@ class Session:
         d = self.drafter(drafter, sampling, max_nodes)
         if d is None:
             return generate(self.ctx, prompt, max_tokens, sampling, stats, stop_at_eog)
+        if hasattr(d, "new_request"):
+            d.new_request()
         max_batch, tie_bound = None, 0.0
         if self.cfg.strict:
             if sampling.temperature > 0:
@@ -114,7 +146,7 @@ class Session:
                 max_batch = self.curve.exact_batch
             else:
                 tie_bound = self.curve.discrepancy * 2
-        return speculative_generate(self.ctx, d, self.planner(max_nodes), prompt, max_tokens,
+        return speculative_generate(self.ctx, d, self.planner_for(drafter, max_nodes), prompt, max_tokens,
                                     sampling, stats, tie_bound, stop_at_eog, max_batch)
 
     def close(self) -> None:
@@ -123,6 +155,14 @@ class Session:
                 d.close()
         self.ctx.close()
         self.model.close()
+
+
+def split_budget(spec: str) -> tuple[str, int | None]:
+    """`SPEC@K` -> (SPEC, K); a spec without a static K -> (SPEC, None)."""
+    m = re.fullmatch(r"(.*)@(\d+)", spec)
+    if m and int(m.group(2)) >= 1:
+        return m.group(1), int(m.group(2))
+    return spec, None
 
 
 def split_spec(spec: str) -> tuple[str, str]:

@@ -1,7 +1,8 @@
 """Token Diversity Index of a tree drafter's candidates (Jakiro paper, eq. 18): at every node
 with k >= 2 children, the entropy of the children's drafter probabilities renormalised over
 the k, divided by log k; averaged over the nodes of the trees drafted while decoding a
-workload greedily. 1 = the siblings are equally likely, 0 = one sibling takes all.
+workload greedily. 1 = the siblings are equally likely, 0 = one sibling takes all. Plans with
+a flat cost curve (as `--flat-cost`), so the drafter grows full trees even on a CPU.
 
     .venv/bin/python scripts/jakiro_tdi.py --drafter jakiro
 """
@@ -37,7 +38,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    session = Session(EngineConfig(model=args.model, threads=args.threads))
+    session = Session(EngineConfig(model=args.model, threads=args.threads, flat_cost=True))
     greedy = SamplingConfig(temperature=0.0)
     drafter = session.drafter(args.drafter, greedy)
     values: list[float] = []

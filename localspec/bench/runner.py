@@ -12,7 +12,7 @@ import numpy as np
 from localspec.bench.workloads import Prompt
 from localspec.engine.text import chat_tokens
 from localspec.sampling import SamplingConfig
-from localspec.session import Session, split_spec
+from localspec.session import Session, split_budget, split_spec
 from localspec.speculative import SpecStats
 
 
@@ -93,12 +93,13 @@ def near_tie(session: Session, prompt: list[int], plain: list[int], other: list[
 
 
 def short_label(spec: str) -> str:
-    """`jakiro:/some/dir/x.gguf,cepd=off` -> `jakiro:x,cepd=off`: tables name files, not paths."""
-    kind, arg = split_spec(spec)
+    """`jakiro:/some/dir/x.gguf,cepd=off@4` -> `jakiro:x,cepd=off@4`: tables name files, not paths."""
+    base, k = split_budget(spec)
+    kind, arg = split_spec(base)
     path, comma, opts = arg.partition(",")
     if "/" in path or path.endswith(".gguf"):
-        return f"{kind}:{Path(path).stem}{comma}{opts}"
-    return spec
+        base = f"{kind}:{Path(path).stem}{comma}{opts}"
+    return base + (f"@{k}" if k else "")
 
 
 def run_bench(session: Session, prompts: list[Prompt], drafters: list[str], max_tokens: int,

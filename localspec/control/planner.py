@@ -37,3 +37,21 @@ class Planner:
         """The reach a token drafted at `depth` needs to be worth drafting."""
         extra = self.curve.cost(depth + 2) - self.curve.cost(depth + 1) + t_draft_token
         return extra / self.curve.cost(1)
+
+
+class FixedPlanner(Planner):
+    """Static K: draft up to K tokens and verify all of them, whatever they cost — the
+    static configurations Cascade is measured against."""
+
+    def __init__(self, curve: CostCurve, n_seq_max: int, k: int):
+        super().__init__(curve, n_seq_max, k)
+        self.max_nodes = k
+
+    def size(self, tree: DraftTree) -> DraftTree:
+        n = min(len(tree), self.max_nodes)
+        while n and tree.prefix(n).n_leaves() > self.n_seq_max:
+            n -= 1
+        return tree.prefix(n)
+
+    def min_reach(self, t_draft_token: float, depth: int) -> float:
+        return 0.0

@@ -48,16 +48,22 @@ LOSS_WEIGHTS = (1.0, 1.0, 0.1, 0.05)  # SmoothL1 moe, SmoothL1 ctr, CE moe, CE c
 LOG_EVERY = 20  # training steps (sequences) per point of the loss curve
 
 
-def draft_vocabulary(model: Model, cfg: TrainConfig) -> list[int]:
+def draft_vocabulary(model: Model, cfg: TrainConfig, store: FeatureStore) -> list[int]:
     """The most frequent target tokens of the training corpus (learnt positions only), plus the
-    end-of-generation tokens, as a sorted row subset of the head (EAGLE-3's d2t map)."""
+    end-of-generation tokens, as a sorted row subset of the head (EAGLE-3's d2t map). Counted
+    from the feature cache when it already holds the corpus: rendering it again takes minutes."""
     if cfg.draft_vocab <= 0 or cfg.draft_vocab >= model.n_vocab:
         return []
+    if store.n_tokens >= cfg.max_tokens:
+        examples = (shard.example(i)[:2] for shard in store.shards() for i in range(len(shard)))
+    else:
+        examples = ((ex.tokens, ex.mask) for ex in training_examples(model, cfg.seq_len,
+                                                                     cfg.code_share))
     counts: collections.Counter[int] = collections.Counter()
     seen = 0
-    for ex in training_examples(model, cfg.seq_len, cfg.code_share):
-        counts.update(ex.tokens[ex.mask].tolist())
-        seen += len(ex.tokens)
+    for tokens, mask in examples:
+        counts.update(np.asarray(tokens)[np.asarray(mask)].tolist())
+        seen += len(tokens)
         if seen >= cfg.max_tokens:
             break
     eog = [t for t in (model.special.eos, model.special.eot) if t >= 0]
@@ -145,7 +151,7 @@ class Trainer:
             rope_theta=float(w.arch_meta("rope.freq_base", 10000.0)),
             norm_eps=float(w.arch_meta("attention.layer_norm_rms_epsilon", 1e-6)),
             n_experts=self.cfg.n_experts, top_k=min(2, self.cfg.n_experts), gamma=self.cfg.gamma,
-            draft_vocab=draft_vocabulary(self.model, self.cfg))
+            draft_vocab=draft_vocabulary(self.model, self.cfg, self.store))
 
     def train_shard(self, shard: Shard, label: str) -> None:
         order = np.random.default_rng(self.cfg.seed + self.progress["step"]).permutation(len(shard))

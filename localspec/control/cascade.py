@@ -1,0 +1,194 @@
+"""Cascade (Saxena et al., "Utility-Driven Speculative Decoding"): per request, measure the
+utility of speculation and choose by test-and-set which arm the next iterations use. An arm
+is a drafter and K, the most draft tokens it may propose per iteration; K = 0 is plain
+decoding.
+
+Utility U = (tokens per iteration) / (iteration time / plain iteration time), i.e. tokens per
+second relative to plain decoding: above 1 speculation pays, and maximising it minimises the
+time per token. A test phase tries up to `max_trials` arms for `trial` iterations each; the
+best then runs for a set phase of `set_len` iterations, or plain decoding when no arm reached
+1, in which case the next set phase is twice as long (adaptive back-off).
+
+Beyond the paper: the arms span several drafters. A test phase first tries each drafter at
+its starting K (the K of its best recent utility, else what the cost curve predicts from its
+acceptance), then hill-climbs K on the best one not yet at a known maximum; what was measured
+carries over, so the climb goes on across test phases. A drafter whose trials stay below 1 sits out
+1, 3, 7, ... test phases (its own back-off), so a drafter that never pays costs almost
+nothing to keep in the set. Pure logic: the caller reports each iteration's tokens and
+seconds, so it runs the same on simulated utility landscapes and on the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Generator, Iterable
+
+Arm = tuple[str, int]  # (drafter, K); K = 0: plain decoding
+PLAIN: Arm = ("", 0)
+
+
+@dataclass(frozen=True)
+class CascadeConfig:
+    trial: int = 4           # iterations per trial (the paper's t)
+    max_trials: int = 4      # trials per test phase (M)
+    set_len: int = 16        # iterations per set phase (S), doubled each time speculation goes off
+    base_len: int = 4        # plain iterations measuring the baseline
+    base_every: int = 100    # iterations between baseline measurements
+    ladder: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)  # the Ks hill-climbing steps through
+    converge: float = 0.10   # neighbouring utilities this close: stop climbing
+    max_skip: int = 15       # test phases a losing drafter sits out at most
+
+
+@dataclass
+class TraceRow:
+    phase: str      # base, test, set
+    span: int       # which base run, trial or set phase of the request
+    arm: Arm
+    tokens: int
+    seconds: float
+    utility: float  # of the trial or set phase this iteration belonged to (when it ended)
+
+
+@dataclass
+class _DrafterMemory:
+    utility: dict[int, float] = field(default_factory=dict)  # K -> latest measured utility
+    losses: int = 0  # consecutive test phases below 1
+    skip: int = 0    # test phases still to sit out
+
+
+class Cascade:
+    def __init__(self, drafters: Iterable[str], cfg: CascadeConfig = CascadeConfig(),
+                 predict_k: Callable[[str], int] | None = None):
+        self.drafters = list(drafters)
+        self.cfg = cfg
+        self.predict_k = predict_k or (lambda d: cfg.ladder[0])
+        self.memory = {d: _DrafterMemory() for d in self.drafters}
+        self.trace: list[TraceRow] = []
+        self.new_request()
+
+    # --- the caller's side -------------------------------------------------------------------
+
+    def new_request(self) -> None:
+        """Start a request: measure the baseline again, reset the set length. What was learnt
+        about the drafters (their best K, their back-off) carries over."""
+        self.t_base = 0.0
+        self.iteration = self.base_at = 0
+        self.set_len = self.cfg.set_len
+        self.trace = []
+        self._span = -1
+        self._plan = self._run()
+        self.arm = next(self._plan)
+
+    def next_arm(self) -> Arm:
+        return self.arm
+
+    def record(self, tokens: int, seconds: float) -> None:
+        """The iteration run with `next_arm()` emitted `tokens` in `seconds`."""
+        self.iteration += 1
+        self.trace.append(TraceRow(self._phase, self._span, self.arm, tokens, seconds, 0.0))
+        self.arm = self._plan.send((tokens, seconds))
+
+    # --- the policy, as a generator: each yield is the arm of one iteration -------------------
+
+    def _iterations(self, arm: Arm, n: int, phase: str) -> Generator[Arm, tuple, float]:
+        """Run `arm` for n iterations; return their utility (and refresh the baseline on
+        plain ones)."""
+        self._phase, self._span = phase, self._span + 1
+        tokens = seconds = 0.0
+        first = len(self.trace)
+        for _ in range(n):
+            t, s = yield arm
+            tokens, seconds = tokens + t, seconds + s
+        if arm == PLAIN and tokens:
+            self.t_base, self.base_at = seconds / tokens, self.iteration
+        u = tokens / seconds * self.t_base if seconds > 0 else 0.0
+        for row in self.trace[first:]:
+            row.utility = u
+        return u
+
+    def _run(self) -> Generator[Arm, tuple, None]:
+        yield from self._iterations(PLAIN, self.cfg.base_len, "base")
+        while True:
+            if self.iteration - self.base_at >= self.cfg.base_every:
+                yield from self._iterations(PLAIN, self.cfg.base_len, "base")
+            best = yield from self._test()
+            u = yield from self._iterations(best, self.set_len, "set")
+            if best != PLAIN:
+                self.memory[best[0]].utility[best[1]] = u
+
+    def _test(self) -> Generator[Arm, tuple, Arm]:
+        cfg = self.cfg
+        tried: dict[Arm, float] = {}
+        candidates = []
+        for d in self.drafters:
+            m = self.memory[d]
+            if m.skip:
+                m.skip -= 1
+            else:
+                candidates.append(d)
+        # The most promising first: if there are more drafters than trials, the rest wait.
+        candidates.sort(key=lambda d: -max(self.memory[d].utility.values(), default=float("inf")))
+        for d in candidates[:cfg.max_trials]:
+            arm = (d, self.k_start(d))
+            tried[arm] = yield from self._trial(arm)
+        # Climb the best drafter that is not at a known maximum.
+        for arm in sorted(tried, key=tried.get, reverse=True):
+            if self._next_k(arm[0], tried) is not None:
+                yield from self._climb(arm[0], tried)
+                break
+        for d in candidates[:cfg.max_trials]:
+            m = self.memory[d]
+            if max(u for (dd, _), u in tried.items() if dd == d) < 1.0:
+                m.losses += 1
+                m.skip = min(2 ** m.losses - 1, cfg.max_skip)
+            else:
+                m.losses = 0
+        if not tried:  # every drafter is sitting out
+            return PLAIN
+        best = max(tried, key=tried.get)
+        if tried[best] < 1.0:
+            self.set_len *= 2
+            return PLAIN
+        self.set_len = cfg.set_len
+        return best
+
+    def _trial(self, arm: Arm) -> Generator[Arm, tuple, float]:
+        u = yield from self._iterations(arm, self.cfg.trial, "test")
+        self.memory[arm[0]].utility[arm[1]] = u
+        return u
+
+    def _climb(self, d: str, tried: dict[Arm, float]) -> Generator[Arm, tuple, None]:
+        """Hill-climb K for drafter d with the trials left, stepping from its best K so far to
+        a neighbour not known to be worse (see _next_k); stop when none is left, utility fell
+        twice in a row, or a step changed it by less than `converge`."""
+        falls = 0
+        while len(tried) < self.cfg.max_trials and (k := self._next_k(d, tried)) is not None:
+            best = max(self.memory[d].utility.values())
+            u = tried[(d, k)] = yield from self._trial((d, k))
+            if abs(u - best) <= self.cfg.converge * max(u, best):
+                return
+            falls = falls + 1 if u < best else 0
+            if falls == 2:
+                return
+
+    def _next_k(self, d: str, tried: dict[Arm, float] | None = None) -> int | None:
+        """The neighbour of d's best K worth a trial: up first while its utility is at least
+        1, only down below 1 (so K = 1 below 1 ends the search: speculation off); never one
+        measured worse than the best, nor one tried this phase. None: a known maximum."""
+        ladder, mem = self.cfg.ladder, self.memory[d].utility
+        if not mem:
+            return None
+        k = max(mem, key=mem.get)
+        u, i = mem[k], ladder.index(k)
+        for j in ((i + 1, i - 1) if u >= 1.0 else (i - 1,)):
+            if 0 <= j < len(ladder) and (d, ladder[j]) not in (tried or {}) \
+                    and not mem.get(ladder[j], float("inf")) < u:
+                return ladder[j]
+        return None
+
+    def k_start(self, drafter: str) -> int:
+        """The K with the best recent utility, else the cost curve's prediction."""
+        seen = self.memory[drafter].utility
+        if seen:
+            return max(seen, key=seen.get)
+        k = self.predict_k(drafter)
+        return min(self.cfg.ladder, key=lambda x: abs(x - k))

@@ -1,0 +1,68 @@
+"""`--drafter auto`: Cascade (control/cascade.py) over several drafters. Each iteration it
+asks the controller for an arm (a drafter and K, the most draft tokens it may propose; K = 0
+plain decoding), and it measures each iteration from one proposal to the next: the seconds
+between them and the tokens the context grew by, which is everything the iteration cost
+(drafting, verification, sampling) and everything it emitted."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from localspec.control.cascade import PLAIN, Cascade, CascadeConfig
+from localspec.drafters import DecayingRatio, Drafter
+from localspec.engine.cost import CostCurve
+from localspec.verify import DraftTree, Verdict
+
+
+class AutoDrafter:
+    def __init__(self, drafters: dict[str, Drafter], curve: CostCurve,
+                 cfg: CascadeConfig = CascadeConfig()):
+        self.name = "auto(" + "+".join(drafters) + ")"
+        self.drafters = drafters
+        self.curve = curve
+        # Per drafter, accepted / drafted tokens: the cost curve turns it into a starting K.
+        self.acceptance = {d: DecayingRatio(prior=0.5, decay=1.0) for d in drafters}
+        self.cascade = Cascade(drafters, cfg, self.predict_k)
+        self.feature_window = max((getattr(d, "feature_window", 0) for d in drafters.values()),
+                                  default=0)
+        self.traces: list = []  # one per request, for `bench --trace`
+        self._last: tuple[int, float] | None = None  # context length and time at the last proposal
+        self._active = ""
+
+    def new_request(self) -> None:
+        if self.cascade.trace:
+            self.traces.append(self.cascade.trace)
+        self.cascade.new_request()
+        self._last = None
+
+    def propose(self, context: list[int], max_nodes: int) -> DraftTree:
+        now = time.perf_counter()
+        if self._last is not None:
+            self.cascade.record(len(context) - self._last[0], now - self._last[1])
+        self._last = (len(context), now)
+        name, k = self.cascade.next_arm()
+        self._active = name
+        if (name, k) == PLAIN:
+            return DraftTree.empty()
+        return self.drafters[name].propose(context, min(max_nodes, k))
+
+    def observe(self, tree: DraftTree, verdict: Verdict) -> None:
+        self.acceptance[self._active].add(len(verdict.path), len(tree))
+        self.drafters[self._active].observe(tree, verdict)
+
+    def committed(self, ctx, first_pos: int, rows: list[int], fresh: bool = False) -> None:
+        # Feature drafters follow every committed token, drafting or not.
+        for d in self.drafters.values():
+            if getattr(d, "feature_window", 0):
+                d.committed(ctx, first_pos, rows, fresh)
+
+    def predict_k(self, name: str) -> int:
+        """The K that maximises expected tokens per second for a chain whose tokens are each
+        accepted with this drafter's measured rate, by the target's cost curve."""
+        a = min(0.99, self.acceptance[name].value)
+        ks = np.arange(1, len(self.curve.seconds))
+        gain = (1 - a ** (ks + 1)) / (1 - a)  # 1 + a + ... + a^K
+        cost = np.array([self.curve.cost(1 + k) for k in ks])
+        return int(ks[np.argmax(gain / cost)])

@@ -1,0 +1,106 @@
+"""The Cascade controller on simulated utility landscapes (each arm's utility a function of
+the iteration), then `auto` on a real model: output identical to plain decoding."""
+
+import pytest
+
+from localspec.control.cascade import PLAIN, Cascade, CascadeConfig
+from localspec.control.planner import Planner
+from localspec.drafters.auto import AutoDrafter
+from localspec.drafters.draft_model import DraftModelDrafter
+from localspec.drafters.lookup import LookupDrafter
+from localspec.engine import Model
+
+from test_speculative import FLAT, GREEDY, PROMPTS, speculative  # noqa: F401 (fixtures below)
+from test_speculative import reference, target  # noqa: F401
+
+T_BASE = 0.05  # seconds per plain iteration
+
+
+def simulate(cascade: Cascade, utility, n: int) -> list:
+    """Run n iterations: a plain one emits a token in T_BASE; arm (d, K) costs
+    T_BASE * (1 + K / 4) and emits utility * cost / T_BASE tokens. Returns the arms run."""
+    arms = []
+    for i in range(n):
+        arm = cascade.next_arm()
+        arms.append(arm)
+        if arm == PLAIN:
+            cascade.record(1, T_BASE)
+        else:
+            seconds = T_BASE * (1 + arm[1] / 4)
+            cascade.record(utility(arm, i) * seconds / T_BASE, seconds)
+    return arms
+
+
+def peaked(best_k: int, top: float, fall: float = 0.12, ladder=CascadeConfig().ladder):
+    """Utility falling by `fall` per ladder step away from best_k."""
+    return lambda k: top * (1 - fall) ** abs(ladder.index(k) - ladder.index(best_k))
+
+
+def set_phases(cascade: Cascade) -> list[tuple[tuple, int]]:
+    """(arm, length) of each set phase in the trace."""
+    spans: dict[int, list] = {}
+    for row in cascade.trace:
+        if row.phase == "set":
+            spans.setdefault(row.span, [row.arm, 0])[1] += 1
+    return [tuple(v) for v in spans.values()]
+
+
+def test_finds_the_best_drafter_and_k():
+    lookup, draft = peaked(6, 2.0), peaked(2, 1.4)
+    cascade = Cascade(["lookup", "draft"], predict_k=lambda d: 1)
+    arms = simulate(cascade, lambda arm, i: (lookup if arm[0] == "lookup" else draft)(arm[1]), 600)
+    late = [a for a, row in zip(arms[300:], cascade.trace[300:]) if row.phase == "set"]
+    assert late.count(("lookup", 6)) / len(late) > 0.9
+
+
+def test_switches_off_below_one_and_backs_off():
+    cascade = Cascade(["lookup", "draft"], predict_k=lambda d: 4)
+    arms = simulate(cascade, lambda arm, i: 0.6, 1000)
+    speculated = sum(a != PLAIN for a in arms)
+    assert speculated / len(arms) < 0.05
+    # Time against plain decoding of the same tokens: within the paper's 5%.
+    tokens = sum(r.tokens for r in cascade.trace)
+    seconds = sum(r.seconds for r in cascade.trace)
+    assert tokens * T_BASE / seconds > 0.95
+    # Each switch-off doubles the set phase.
+    lengths = [n for arm, n in set_phases(cascade) if arm == PLAIN]
+    assert lengths == sorted(lengths) and sorted(set(lengths))[:3] == [32, 64, 128]
+
+
+def test_switches_back_on_when_utility_rises():
+    cascade = Cascade(["lookup"], predict_k=lambda d: 2)
+    arms = simulate(cascade, lambda arm, i: 0.5 if i < 300 else peaked(4, 1.8)(arm[1]), 1500)
+    assert sum(a != PLAIN for a in arms[:300]) < 30
+    assert sum(a == ("lookup", 4) for a in arms[-300:]) > 250
+
+
+def test_each_drafter_backs_off_on_its_own():
+    """A drafter that never pays is tried less and less while a good one keeps running."""
+    cascade = Cascade(["good", "bad"], predict_k=lambda d: 2)
+    arms = simulate(cascade, lambda arm, i: 1.5 if arm[0] == "good" else 0.3, 1000)
+    bad = [i for i, a in enumerate(arms) if a[0] == "bad"]
+    assert len(bad) <= 4 * 5  # a handful of trials, not one per test phase
+    assert sum(a[0] == "good" for a in arms) > 800
+
+
+def test_starts_from_the_predicted_k():
+    cascade = Cascade(["lookup"], predict_k=lambda d: 9)
+    simulate(cascade, lambda arm, i: 1.2, CascadeConfig().base_len)
+    assert cascade.next_arm() == ("lookup", 8)  # the ladder's nearest K
+
+
+def test_auto_greedy_identical_to_plain(target, reference, small_path):
+    """Cascade switches between lookup, the draft model (SmolLM2 itself here) and plain
+    decoding by measured time, so which arm runs where depends on the machine; the output
+    must not."""
+    with Model(small_path) as dm:
+        drafters = {"lookup": LookupDrafter(),
+                    "draft": DraftModelDrafter(dm, target.model, GREEDY, Planner(FLAT, 8), n_threads=1)}
+        auto = AutoDrafter(drafters, FLAT)
+        used = set()
+        for p in PROMPTS:
+            auto.new_request()
+            assert speculative(target, auto, target.model.tokenize(p)) == reference[p], p
+            used |= {row.arm[0] for row in auto.cascade.trace}
+        drafters["draft"].close()
+    assert used == {"", "lookup", "draft"}
