@@ -168,6 +168,9 @@ def cmd_bench(a: argparse.Namespace) -> None:
 
     cfg = BenchConfig(a.workload, a.limit, tuple(a.drafter or ["auto"]), a.max_tokens,
                       tuple(a.anchor or []), a.json, a.chart)
+    auto = a.trace and next((d for d in cfg.drafters if d.startswith("auto")), None)
+    if a.trace and not auto:
+        raise LocalspecError("--trace draws Cascade's choices: add --drafter auto")
     prompts = workloads.load(cfg.workload, cfg.limit)
     session = Session(engine_config(a))
     sampling = sampling_config(a)
@@ -199,6 +202,9 @@ def cmd_bench(a: argparse.Namespace) -> None:
     if cfg.chart:
         report.chart(configs, title, Path(cfg.chart))
         print(f"chart: {cfg.chart}")
+    if auto:
+        report.trace_chart(session.drafter(auto, sampling).requests, f"{auto} · {title}", Path(a.trace))
+        print(f"trace: {a.trace}")
 
 
 def _mb(n: int | None) -> str:
@@ -240,6 +246,8 @@ def parser() -> argparse.ArgumentParser:
                    help="repeatable: run other implementations in the same run")
     b.add_argument("--json", help="write the results here")
     b.add_argument("--chart", help="write a PNG chart here")
+    b.add_argument("--trace", help="write a PNG of Cascade's utility and chosen arm per iteration "
+                   "(of the first auto drafter) here")
     b.set_defaults(func=cmd_bench)
 
     r = sub.add_parser("rm", help="remove a stored model")

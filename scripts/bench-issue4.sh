@@ -19,3 +19,7 @@ $LS bench "${common[@]}" --flat-cost --drafter "jakiro:$J,cepd=off" --drafter "j
   --workload humaneval --limit 4 --max-tokens 64 --json $OUT/humaneval-t0-flat.json
 $LS bench "${common[@]}" --flat-cost --temperature 1 --seed 1 --workload sharegpt --limit 4 --max-tokens 64 \
   --json $OUT/sharegpt-t1-flat.json
+for w in "humaneval --limit 4 --max-tokens 64" "code-edit --limit 2 --max-tokens 128"; do
+  name=${w%% *}
+  $LS bench "${common[@]}" --flat-cost --temperature 1 --seed 1 --workload $w --json $OUT/$name-t1-flat.json
+done

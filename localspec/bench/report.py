@@ -70,3 +70,37 @@ def chart(configs: list[Config], title: str, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def trace_chart(requests: list[list], title: str, path: Path) -> None:
+    """Cascade at work (as the paper's figures): per iteration, the utility of the trial or
+    set phase it belonged to, and the arm it ran (K by drafter; plain at 0); requests side by
+    side, separated by dotted lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [row for rows in requests for row in rows]
+    x = range(len(rows))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 5.5), sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 2]})
+    top.step(x, [r.utility for r in rows], where="post", color="#37a", lw=1)
+    top.axhline(1.0, color="black", lw=0.8)
+    top.set_ylabel("utility (× plain speed)")
+    top.set_title(title, fontsize=10)
+    names = sorted({r.arm[0] for r in rows})
+    colors = dict(zip(names, ["#888", "#37a", "#c55", "#3a5", "#a7c"]))
+    for name in names:
+        pts = [(i, r.arm[1]) for i, r in enumerate(rows) if r.arm[0] == name]
+        bottom.scatter(*zip(*pts), s=4, color=colors.get(name, "#000"), label=name or "plain")
+    bottom.set_ylabel("K (draft tokens)")
+    bottom.set_xlabel("iteration")
+    bottom.legend(loc="upper right", fontsize=8, markerscale=3)
+    start = 0
+    for rs in requests[:-1]:
+        start += len(rs)
+        for ax in (top, bottom):
+            ax.axvline(start, color="#bbb", lw=0.6, ls=":")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -45,7 +45,7 @@ class TraceRow:
     arm: Arm
     tokens: int
     seconds: float
-    utility: float  # of the trial or set phase this iteration belonged to (when it ended)
+    utility: float  # of the trial or set phase this iteration belonged to (NaN: unfinished)
 
 
 @dataclass
@@ -68,8 +68,13 @@ class Cascade:
     # --- the caller's side -------------------------------------------------------------------
 
     def new_request(self) -> None:
-        """Start a request: measure the baseline again, reset the set length. What was learnt
-        about the drafters (their best K, their back-off) carries over."""
+        """Start a request: measure the baseline again, reset the set length. Of what was
+        learnt about each drafter, its best K (the next start) and its back-off carry over;
+        the rest of its landscape is the last request's and is forgotten."""
+        for m in self.memory.values():
+            if m.utility:
+                k = max(m.utility, key=m.utility.get)
+                m.utility = {k: m.utility[k]}
         self.t_base = 0.0
         self.iteration = self.base_at = 0
         self.set_len = self.cfg.set_len
@@ -84,7 +89,7 @@ class Cascade:
     def record(self, tokens: int, seconds: float) -> None:
         """The iteration run with `next_arm()` emitted `tokens` in `seconds`."""
         self.iteration += 1
-        self.trace.append(TraceRow(self._phase, self._span, self.arm, tokens, seconds, 0.0))
+        self.trace.append(TraceRow(self._phase, self._span, self.arm, tokens, seconds, float("nan")))
         self.arm = self._plan.send((tokens, seconds))
 
     # --- the policy, as a generator: each yield is the arm of one iteration -------------------

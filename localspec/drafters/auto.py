@@ -31,6 +31,11 @@ class AutoDrafter:
         self._last: tuple[int, float] | None = None  # context length and time at the last proposal
         self._active = ""
 
+    @property
+    def requests(self) -> list:
+        """Cascade's trace of every request so far."""
+        return self.traces + ([self.cascade.trace] if self.cascade.trace else [])
+
     def new_request(self) -> None:
         if self.cascade.trace:
             self.traces.append(self.cascade.trace)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The Cascade benchmark of docs/benchmarks.md: Qwen2.5-Coder-1.5B target, 2 threads; auto
+# (Cascade over prompt lookup, the 0.5B draft model and the shipped Jakiro drafter) against
+# static K for lookup and the draft model, each interleaved prompt by prompt with plain
+# decoding, on each workload, on the mixed one, and on an adversarial one (open-ended chat at
+# temperature 1.5, where drafts keep failing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LS=".venv/bin/localspec"
+OUT=docs/bench/cascade
+mkdir -p $OUT
+configs=(--drafter auto)
+for d in lookup draft; do for k in 1 2 4 8; do configs+=(--drafter $d@$k); done; done
+run() {  # name, then bench arguments
+  local name=$1; shift
+  $LS bench -m qwen2.5-coder-1.5b-instruct --threads 2 "${configs[@]}" "$@" \
+    --json $OUT/$name.json --trace $OUT/$name-trace.png
+}
+run humaneval --workload humaneval --limit 3 --max-tokens 96
+run code-edit --workload code-edit --limit 2 --max-tokens 128
+run sharegpt --workload sharegpt --limit 3 --max-tokens 96
+run mix --workload mix --limit 6 --max-tokens 64
+run adversarial --workload sharegpt --limit 3 --max-tokens 96 --temperature 1.5 --seed 1
