@@ -83,6 +83,16 @@ def test_each_drafter_backs_off_on_its_own():
     assert sum(a[0] == "good" for a in arms) > 800
 
 
+def test_a_drafter_predicted_not_to_pay_is_tried_once_then_rarely():
+    """Once measured, a drafter for which the cost curve predicts no paying K (predict_k = 0)
+    loses without trials until its back-off is long; then it is explored again."""
+    cascade = Cascade(["good", "slow"], predict_k=lambda d: 0 if d == "slow" else 2)
+    arms = simulate(cascade, lambda arm, i: 1.5 if arm[0] == "good" else 0.3, 1500)
+    trials = {row.span for row, a in zip(cascade.trace, arms) if a[0] == "slow"}
+    phases = len({row.span for row in cascade.trace if row.phase == "set"})
+    assert phases > 50 and 1 <= len(trials) <= 1 + phases // 16
+
+
 def test_starts_from_the_predicted_k():
     cascade = Cascade(["lookup"], predict_k=lambda d: 9)
     simulate(cascade, lambda arm, i: 1.2, CascadeConfig().base_len)

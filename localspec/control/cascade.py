@@ -13,8 +13,9 @@ Beyond the paper: the arms span several drafters. A test phase first tries each 
 its starting K (the K of its best recent utility, else what the cost curve predicts from its
 acceptance), then hill-climbs K on the best one not yet at a known maximum; what was measured
 carries over, so the climb goes on across test phases. A drafter whose trials stay below 1 sits out
-1, 3, 7, ... test phases (its own back-off), so a drafter that never pays costs almost
-nothing to keep in the set. Pure logic: the caller reports each iteration's tokens and
+1, 3, 7, ... test phases (its own back-off), and once measured, a drafter for which the
+cost curve predicts no paying K (predict_k = 0) loses without a trial until its back-off is
+long, so a drafter that never pays costs almost nothing to keep in the set. Pure logic: the caller reports each iteration's tokens and
 seconds, so it runs the same on simulated utility landscapes and on the engine."""
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class CascadeConfig:
     ladder: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)  # the Ks hill-climbing steps through
     converge: float = 0.10   # neighbouring utilities this close: stop climbing
     max_skip: int = 15       # test phases a losing drafter sits out at most
+    explore_after: int = 4   # losses after which a drafter predicted not to pay is tried anyway
 
 
 @dataclass
@@ -128,6 +130,10 @@ class Cascade:
             m = self.memory[d]
             if m.skip:
                 m.skip -= 1
+            elif m.utility and self.predict_k(d) == 0 and m.losses < cfg.explore_after:
+                # Measured before, and the cost curve says no K pays with what it measured:
+                # a loss without a trial (a slow draft model would cost more than it gains).
+                self._lose(m)
             else:
                 candidates.append(d)
         # The most promising first: if there are more drafters than trials, the rest wait.
@@ -143,8 +149,7 @@ class Cascade:
         for d in candidates[:cfg.max_trials]:
             m = self.memory[d]
             if max(u for (dd, _), u in tried.items() if dd == d) < 1.0:
-                m.losses += 1
-                m.skip = min(2 ** m.losses - 1, cfg.max_skip)
+                self._lose(m)
             else:
                 m.losses = 0
         if not tried:  # every drafter is sitting out
@@ -155,6 +160,10 @@ class Cascade:
             return PLAIN
         self.set_len = cfg.set_len
         return best
+
+    def _lose(self, m: _DrafterMemory) -> None:
+        m.losses += 1
+        m.skip = min(2 ** m.losses - 1, self.cfg.max_skip)
 
     def _trial(self, arm: Arm) -> Generator[Arm, tuple, float]:
         u = yield from self._iterations(arm, self.cfg.trial, "test")

@@ -64,10 +64,16 @@ class AutoDrafter:
                 d.committed(ctx, first_pos, rows, fresh)
 
     def predict_k(self, name: str) -> int:
-        """The K that maximises expected tokens per second for a chain whose tokens are each
-        accepted with this drafter's measured rate, by the target's cost curve."""
+        """The K that maximises expected speed for a chain whose tokens are each accepted
+        at this drafter's measured rate a and cost its measured drafting time t per token:
+        (1 + a + ... + a^K) / (cost(1 + K) + K t), against 1 / cost(1) for plain decoding;
+        0 when no K beats plain."""
         a = min(0.99, self.acceptance[name].value)
+        d = self.drafters[name]
+        t = getattr(d, "t_token", 0.0) or getattr(d, "t_step", 0.0)
         ks = np.arange(1, len(self.curve.seconds))
         gain = (1 - a ** (ks + 1)) / (1 - a)  # 1 + a + ... + a^K
-        cost = np.array([self.curve.cost(1 + k) for k in ks])
-        return int(ks[np.argmax(gain / cost)])
+        cost = np.array([self.curve.cost(1 + k) for k in ks]) + ks * t
+        rate = gain / cost
+        best = int(np.argmax(rate))
+        return int(ks[best]) if rate[best] * self.curve.cost(1) >= 1.0 else 0
