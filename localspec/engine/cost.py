@@ -48,7 +48,10 @@ def filler_tokens(ctx: Context, n: int) -> list[int]:
 def measure(ctx: Context, max_batch: int = 16, n_context: int = 256, repeats: int = 7) -> CostCurve:
     """Time batches of 1..max_batch tokens (all rows output, as in verification) after a
     context of n_context tokens. Sizes are interleaved within each repeat so drift in the
-    machine's speed spreads over all of them; the median of the repeats is kept."""
+    machine's speed spreads over all of them; the median of the repeats is kept. A context too
+    small for n_context + max_batch gets a shorter n_context (the prompt, not this, should be
+    what reports a full context)."""
+    n_context = max(0, min(n_context, ctx.n_ctx - max_batch))
     ctx.clear()
     filler = filler_tokens(ctx, n_context + max_batch)
     ctx.prefill(filler[:n_context])
