@@ -79,12 +79,13 @@ class Session:
             return None
         key = (spec, sampling, max_nodes)
         if key not in self._drafters:
-            kind, arg = split_spec(split_budget(spec)[0])
+            base, k = split_budget(spec)
+            kind, arg = split_spec(base)
+            if kind == "auto" and k:
+                raise LocalspecError("auto chooses K itself: no @K after auto")
             planner = self.planner_for(spec, max_nodes)
             if kind == "auto":
                 from localspec.drafters.auto import AutoDrafter
-                if split_budget(spec)[1]:
-                    raise LocalspecError("auto chooses K itself: no @K after auto")
                 members = arg.split("+") if arg else self.available_drafters(sampling)
                 d = AutoDrafter({m: self.drafter(m, sampling) for m in members}, self.curve)
             elif kind == "lookup":

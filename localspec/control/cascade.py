@@ -12,11 +12,13 @@ best then runs for a set phase of `set_len` iterations, or plain decoding when n
 Beyond the paper: the arms span several drafters. A test phase first tries each drafter at
 its starting K (the K of its best recent utility, else what the cost curve predicts from its
 acceptance), then hill-climbs K on the best one not yet at a known maximum; what was measured
-carries over, so the climb goes on across test phases. A drafter whose trials stay below 1 sits out
-1, 3, 7, ... test phases (its own back-off), and once measured, a drafter for which the
-cost curve predicts no paying K (predict_k = 0) loses without a trial until its back-off is
-long, so a drafter that never pays costs almost nothing to keep in the set. Pure logic: the caller reports each iteration's tokens and
-seconds, so it runs the same on simulated utility landscapes and on the engine."""
+carries over, so the climb goes on across test phases. A drafter whose trials stay below 1
+sits out 1, 3, 7, ... test phases (its own back-off), and once measured, a drafter for which
+the cost curve predicts no paying K (predict_k = 0) loses without a trial until its back-off
+is long, so a drafter that never pays costs almost nothing to keep in the set.
+
+Pure logic: the caller reports each iteration's tokens and seconds, so it runs the same on
+simulated utility landscapes and on the engine."""
 
 from __future__ import annotations
 
@@ -64,7 +66,7 @@ class Cascade:
         self.cfg = cfg
         self.predict_k = predict_k or (lambda d: cfg.ladder[0])
         self.memory = {d: _DrafterMemory() for d in self.drafters}
-        self.trace: list[TraceRow] = []
+        self.history: list[list[TraceRow]] = []  # the trace of each request
         self.new_request()
 
     # --- the caller's side -------------------------------------------------------------------
@@ -80,7 +82,8 @@ class Cascade:
         self.t_base = 0.0
         self.iteration = self.base_at = 0
         self.set_len = self.cfg.set_len
-        self.trace = []
+        self.trace: list[TraceRow] = []
+        self.history.append(self.trace)
         self._span = -1
         self._plan = self._run()
         self.arm = next(self._plan)
@@ -138,7 +141,8 @@ class Cascade:
                 candidates.append(d)
         # The most promising first: if there are more drafters than trials, the rest wait.
         candidates.sort(key=lambda d: -max(self.memory[d].utility.values(), default=float("inf")))
-        for d in candidates[:cfg.max_trials]:
+        candidates = candidates[:cfg.max_trials]
+        for d in candidates:
             arm = (d, self.k_start(d))
             tried[arm] = yield from self._trial(arm)
         # Climb the best drafter that is not at a known maximum.
@@ -146,7 +150,7 @@ class Cascade:
             if self._next_k(arm[0], tried) is not None:
                 yield from self._climb(arm[0], tried)
                 break
-        for d in candidates[:cfg.max_trials]:
+        for d in candidates:
             m = self.memory[d]
             if max(u for (dd, _), u in tried.items() if dd == d) < 1.0:
                 self._lose(m)

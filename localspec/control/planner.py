@@ -45,7 +45,7 @@ class FixedPlanner(Planner):
 
     def __init__(self, curve: CostCurve, n_seq_max: int, k: int):
         super().__init__(curve, n_seq_max, k)
-        self.max_nodes = k
+        self.max_nodes = k  # beyond the measured curve too: a static K is what it says
 
     def size(self, tree: DraftTree) -> DraftTree:
         n = min(len(tree), self.max_nodes)

@@ -25,20 +25,17 @@ class AutoDrafter:
         # Per drafter, accepted / drafted tokens: the cost curve turns it into a starting K.
         self.acceptance = {d: DecayingRatio(prior=0.5, decay=1.0) for d in drafters}
         self.cascade = Cascade(drafters, cfg, self.predict_k)
-        self.feature_window = max((getattr(d, "feature_window", 0) for d in drafters.values()),
-                                  default=0)
-        self.traces: list = []  # one per request, for `bench --trace`
+        # Feature drafters (Jakiro) follow every committed token, drafting or not.
+        self.feature_drafters = [d for d in drafters.values() if getattr(d, "feature_window", 0)]
+        self.feature_window = max((d.feature_window for d in self.feature_drafters), default=0)
         self._last: tuple[int, float] | None = None  # context length and time at the last proposal
-        self._active = ""
 
     @property
     def requests(self) -> list:
-        """Cascade's trace of every request so far."""
-        return self.traces + ([self.cascade.trace] if self.cascade.trace else [])
+        """Cascade's trace of every request so far (for `bench --trace`)."""
+        return [t for t in self.cascade.history if t]
 
     def new_request(self) -> None:
-        if self.cascade.trace:
-            self.traces.append(self.cascade.trace)
         self.cascade.new_request()
         self._last = None
 
@@ -48,20 +45,18 @@ class AutoDrafter:
             self.cascade.record(len(context) - self._last[0], now - self._last[1])
         self._last = (len(context), now)
         name, k = self.cascade.next_arm()
-        self._active = name
         if (name, k) == PLAIN:
             return DraftTree.empty()
         return self.drafters[name].propose(context, min(max_nodes, k))
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
-        self.acceptance[self._active].add(len(verdict.path), len(tree))
-        self.drafters[self._active].observe(tree, verdict)
+        name = self.cascade.next_arm()[0]  # still this iteration's: it is recorded next proposal
+        self.acceptance[name].add(len(verdict.path), len(tree))
+        self.drafters[name].observe(tree, verdict)
 
     def committed(self, ctx, first_pos: int, rows: list[int], fresh: bool = False) -> None:
-        # Feature drafters follow every committed token, drafting or not.
-        for d in self.drafters.values():
-            if getattr(d, "feature_window", 0):
-                d.committed(ctx, first_pos, rows, fresh)
+        for d in self.feature_drafters:
+            d.committed(ctx, first_pos, rows, fresh)
 
     def predict_k(self, name: str) -> int:
         """The K that maximises expected speed for a chain whose tokens are each accepted
@@ -69,8 +64,7 @@ class AutoDrafter:
         (1 + a + ... + a^K) / (cost(1 + K) + K t), against 1 / cost(1) for plain decoding;
         0 when no K beats plain."""
         a = min(0.99, self.acceptance[name].value)
-        d = self.drafters[name]
-        t = getattr(d, "t_token", 0.0) or getattr(d, "t_step", 0.0)
+        t = getattr(self.drafters[name], "t_token", 0.0)  # seconds per draft forward
         ks = np.arange(1, len(self.curve.seconds))
         gain = (1 - a ** (ks + 1)) / (1 - a)  # 1 + a + ... + a^K
         cost = np.array([self.curve.cost(1 + k) for k in ks]) + ks * t

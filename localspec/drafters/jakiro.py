@@ -80,7 +80,7 @@ class JakiroDrafter:
         self.start = 0          # context position of the drafter's KV slot 0
         self.slots: list[int] = []  # tokens whose (feature, next token) the cache has seen
         self.calibration = DecayingRatio(prior=0.8)
-        self.t_step = 0.0
+        self.t_token = 0.0  # running seconds per draft forward (one tree level)
         self._raw = np.zeros(0)
 
     # --- features from the target -----------------------------------------------------------
@@ -149,17 +149,17 @@ class JakiroDrafter:
     def propose(self, context: list[int], max_nodes: int) -> DraftTree:
         self.calibration.tick()
         cal = self.calibration.value
-        if max_nodes <= 0 or not self.planner.worth_drafting(min(1.0, cal), self.t_step, 0):
+        if max_nodes <= 0 or not self.planner.worth_drafting(min(1.0, cal), self.t_token, 0):
             return DraftTree.empty()
         t0 = time.perf_counter()
         outs = self._catch_up(context)
         if outs is None:
             return DraftTree.empty()
-        min_reach = [self.planner.min_reach(self.t_step, d) / cal for d in range(1, self.rt.cfg.gamma)]
+        min_reach = [self.planner.min_reach(self.t_token, d) / cal for d in range(1, self.rt.cfg.gamma)]
         tokens, parents, reach, n_forwards = self.rt.grow_tree(
             outs, len(context) - 1, self.width, self.branch, max_nodes, self.cepd, np.asarray(min_reach))
         dt = (time.perf_counter() - t0) / (n_forwards + 1)
-        self.t_step = dt if self.t_step == 0 else 0.8 * self.t_step + 0.2 * dt
+        self.t_token = dt if self.t_token == 0 else 0.8 * self.t_token + 0.2 * dt
         order, new_parents = rerank(parents.tolist(), reach.tolist(), max_nodes)
         tree = DraftTree(tokens[order].astype(np.int32), np.asarray(new_parents, np.int32),
                          reach[order].astype(np.float64))
