@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from localspec.errors import LocalspecError
 
@@ -135,14 +135,38 @@ def cmd_train(a: argparse.Namespace) -> None:
 
     from localspec.store import resolve
     try:
-        from localspec.train.jakiro import TrainConfig, train_jakiro
+        import torch  # noqa: F401
     except ImportError as e:
         raise LocalspecError(f"training needs torch: pip install 'localspec[train]' ({e})") from None
+    if a.kind == "acceptance-head":
+        return train_acceptance_head(a)
+    from localspec.train.jakiro import TrainConfig, train_jakiro
     cfg = TrainConfig(target=resolve(a.target), out=Path(a.out), max_tokens=a.max_tokens,
                       seq_len=a.seq_len, epochs=a.epochs, lr=a.lr, draft_vocab=a.draft_vocab,
                       n_experts=a.experts, gamma=a.gamma, code_share=a.code_share, seed=a.seed,
                       n_threads=a.threads, feature_dir=Path(a.features) if a.features else None)
     train_jakiro(cfg)
+
+
+def train_acceptance_head(a: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from localspec import store
+    from localspec.convert import convert_checkpoint
+    from localspec.train.acceptance import LABELS, HeadTrainConfig, collect, train_head
+    if not a.drafter:
+        raise LocalspecError("train acceptance-head needs --drafter MODEL (the draft model it judges)")
+    target, drafter = store.resolve(a.target), store.resolve(a.drafter)
+    base = HeadTrainConfig(target=target, drafter=drafter, out=Path(a.out), n_sequences=a.sequences,
+                           max_new=a.max_new, hidden=a.hidden, n_blocks=a.blocks, seed=a.seed,
+                           n_threads=a.threads)
+    collect(base)
+    for label in LABELS if a.label == "both" else (a.label,):
+        ckpt = train_head(replace(base, label=label))
+        out = store.heads_dir() / store.head_name(target, drafter, label)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        convert_checkpoint(ckpt, out)
+        print(f"installed {out} (used by --drafter draft and auto {'at T = 0' if label == 'greedy' else 'at T > 0'})")
 
 
 def cmd_convert(a: argparse.Namespace) -> None:
@@ -254,10 +278,18 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("name")
     r.set_defaults(func=cmd_rm)
 
-    t = sub.add_parser("train", help="train a drafter for a target model")
-    t.add_argument("kind", choices=["jakiro"])
+    t = sub.add_parser("train", help="train a drafter (jakiro) or an acceptance head for a target model")
+    t.add_argument("kind", choices=["jakiro", "acceptance-head"])
     t.add_argument("--target", required=True, help="registry name or path to the target .gguf")
     t.add_argument("--out", required=True, help="checkpoint folder (resumes if it holds one)")
+    t.add_argument("--drafter", help="acceptance-head: the draft model (registry name or .gguf)")
+    t.add_argument("--sequences", type=int, default=160,
+                   help="acceptance-head: target continuations to collect data from")
+    t.add_argument("--max-new", type=int, default=96, help="acceptance-head: tokens per continuation")
+    t.add_argument("--label", choices=["greedy", "sampled", "both"], default="both",
+                   help="acceptance-head: which acceptance to predict (T = 0, T > 0)")
+    t.add_argument("--hidden", type=int, default=128, help="acceptance-head: width of its blocks")
+    t.add_argument("--blocks", type=int, default=1, help="acceptance-head: residual SiLU blocks (1-2)")
     t.add_argument("--max-tokens", type=int, default=200_000, help="corpus tokens to extract features for")
     t.add_argument("--seq-len", type=int, default=1024)
     t.add_argument("--epochs", type=int, default=2)

@@ -1,4 +1,5 @@
-"""Trained drafters to GGUF (architecture `jakiro`), back again for tests, and `inspect`.
+"""Trained drafters to GGUF (architecture `jakiro`), acceptance heads to GGUF (architecture
+`acceptance-head`), back again, and `inspect`.
 
 Metadata names the target the drafter was made for (name, vocabulary size, hidden size,
 tokenizer hash), so loading it beside another target fails in one line. Matrices are stored
@@ -138,11 +139,73 @@ def check_target(cfg: JakiroConfig, vocab: int, d_model: int, tokenizer: str, ta
             f"(vocab {vocab}, hidden {d_model}, tokenizer {tokenizer})")
 
 
+HEAD_ARCH = "acceptance-head"
+_HEAD_META = [  # (checkpoint key, GGUF key suffix); strings from its "meta"
+    ("target", "target.name"), ("tokenizer", "target.tokenizer_hash"), ("drafter", "drafter.name"),
+    ("d_model", "embedding_length"), ("hidden", "feed_forward_length"), ("n_blocks", "block_count"),
+    ("label", "label"),
+]
+
+
+def write_head_gguf(ckpt: dict, path: Path) -> None:
+    """An acceptance head, float32 throughout (it is tiny): tensors in.*, blk.N.up.*,
+    blk.N.down.*, out.*, q_scale; metadata names the target, tokenizer and drafter it was made for,
+    the label it predicts (greedy or sampled) and its held-out calibration."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    w = GGUFWriter(str(tmp), HEAD_ARCH)
+    values = {**ckpt["meta"], **{k: ckpt[k] for k in ("hidden", "n_blocks", "label", "d_model")}}
+    w.add_name(f"acceptance head of {values['drafter']} for {values['target']}")
+    for key, suffix in _HEAD_META:
+        v = values[key]
+        (w.add_string if isinstance(v, str) else w.add_uint32)(f"{HEAD_ARCH}.{suffix}", v)
+    for key, v in ckpt.get("report", {}).items():
+        w.add_float64(f"{HEAD_ARCH}.heldout.{key}", float(v))
+    for name, value in ckpt["state"].items():  # torch: inp, blocks.N.0 (up), blocks.N.2 (down), out
+        parts = name.split(".")
+        if parts[0] == "blocks":
+            name = f"blk.{parts[1]}.{'up' if parts[2] == '0' else 'down'}.{parts[3]}"
+        w.add_tensor(name.replace("inp.", "in."), np.ascontiguousarray(value.float().numpy(), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, path)
+
+
+def read_head_gguf(path: Path) -> tuple[dict, list[tuple[np.ndarray, np.ndarray]]]:
+    """An acceptance head's metadata (with q_scale, the weight of the draft's log-odds) and
+    its layers in order, (weight (out, in), bias)."""
+    reader = _open(path)
+    arch = reader.get_field("general.architecture")
+    if arch is None or arch.contents() != HEAD_ARCH:
+        raise LocalspecError(f"{Path(path).name} is not an acceptance head (architecture "
+                             f"{arch.contents() if arch else 'missing'})")
+    meta = {}
+    for key, suffix in _HEAD_META:
+        f = reader.get_field(f"{HEAD_ARCH}.{suffix}")
+        if f is None:
+            raise LocalspecError(f"{Path(path).name}: missing metadata {HEAD_ARCH}.{suffix}")
+        meta[key] = f.contents()
+    t = {x.name: np.asarray(x.data, np.float32).reshape(tuple(int(n) for n in reversed(x.shape)))
+         for x in reader.tensors}
+    names = ["in"] + [f"blk.{i}.{part}" for i in range(meta["n_blocks"]) for part in ("up", "down")] + ["out"]
+    try:
+        layers = [(np.array(t[f"{n}.weight"]), np.array(t[f"{n}.bias"])) for n in names]  # writable copies
+        meta["q_scale"] = float(t["q_scale"].reshape(-1)[0])
+    except KeyError as e:
+        raise LocalspecError(f"{Path(path).name}: missing tensor {e}") from None
+    return meta, layers
+
+
 def convert_checkpoint(checkpoint: Path, out: Path, dtype: str = "q8_0") -> Path:
     import torch
     if not Path(checkpoint).exists():
         raise LocalspecError(f"checkpoint not found: {checkpoint}")
     ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    if ckpt.get("kind") == HEAD_ARCH:
+        write_head_gguf(ckpt, out)
+        return Path(out)
     cfg = JakiroConfig.from_dict(ckpt["config"])
     state = {k: v.float().numpy() for k, v in ckpt["state"].items()}
     write_gguf(cfg, state, out, dtype)

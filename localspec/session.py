@@ -69,8 +69,9 @@ class Session:
         return FixedPlanner(self.curve, self.cfg.n_seq_max, k) if k else self.planner(max_nodes)
 
     def drafter(self, spec: str, sampling: SamplingConfig, max_nodes: int | None = None):
-        """`lookup`, `draft[:MODEL]` (a chain), `draft-tree[:MODEL]` (a tree, 4 wide, 2
-        children per node), `jakiro[:FILE][,OPTION=VALUE...]` (a Jakiro drafter GGUF, by
+        """`lookup`, `draft[:MODEL][,head=FILE|on|off]` (a chain), `draft-tree[:MODEL][,head=...]`
+        (a tree, 4 wide, 2 children per node; the acceptance head trained for the pair and the
+        sampling, if there is one, unless off or a file is given), `jakiro[:FILE][,OPTION=VALUE...]` (a Jakiro drafter GGUF, by
         default the one that ships for the target; see jakiro_options) or `auto[:D+D...]`
         (Cascade over the given drafters, by default every one available); MODEL a registry
         name or GGUF path. Any but auto may end in `@K`: a static K, always up to K draft
@@ -93,10 +94,12 @@ class Session:
                 d = LookupDrafter()
             elif kind in ("draft", "draft-tree"):
                 from localspec.drafters.draft_model import DraftModelDrafter
-                dm = Model(store.resolve(arg or DEFAULT_DRAFT_MODEL), n_gpu_layers=self.cfg.n_gpu_layers)
+                name, head = draft_options(arg)
+                dm = Model(store.resolve(name or DEFAULT_DRAFT_MODEL), n_gpu_layers=self.cfg.n_gpu_layers)
                 d = DraftModelDrafter(dm, self.model, sampling, planner,
-                                      width=4 if kind == "draft-tree" else 1,
-                                      n_ctx=self.cfg.n_ctx, n_threads=self.cfg.threads)
+                                      width=4 if kind == "draft-tree" else 1, n_ctx=self.cfg.n_ctx,
+                                      n_threads=self.cfg.threads,
+                                      head=None if k else self.acceptance_head(head, dm, sampling))
             elif kind == "jakiro":
                 from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime
                 path, opts = jakiro_options(arg)
@@ -115,6 +118,20 @@ class Session:
                                      "each but auto optionally @K)")
             self._drafters[key] = d
         return self._drafters[key]
+
+    def acceptance_head(self, choice: str, draft: Model, sampling: SamplingConfig):
+        """The head `choice` names: a file, `off`, `on` (the one trained for this pair and
+        sampling, which must exist) or `auto` (that one if it exists)."""
+        if choice == "off":
+            return None
+        from localspec.control.acceptance import AcceptanceHead
+        label = "greedy" if sampling.temperature <= 0 else "sampled"
+        path = Path(choice) if choice not in ("on", "auto") else \
+            store.acceptance_head(self.model.path, draft.path, label)
+        if path is None and choice == "on":
+            raise LocalspecError(f"no {label} acceptance head for {draft.path.stem} drafting for "
+                                 f"{self.model.path.stem}: train one (localspec train acceptance-head)")
+        return AcceptanceHead(path, draft, self.model) if path else None
 
     def available_drafters(self, sampling: SamplingConfig) -> list[str]:
         """What `auto` chooses among: prompt lookup; the default draft model when it is
@@ -171,6 +188,19 @@ def split_spec(spec: str) -> tuple[str, str]:
     options may follow the kind directly (`jakiro,cepd=off`) or a file (`jakiro:F,cepd=off`)."""
     kind = re.match(r"[^:,]*", spec).group()
     return kind, spec[len(kind):].removeprefix(":")
+
+
+def draft_options(arg: str) -> tuple[str, str]:
+    """`[MODEL][,head=FILE|on|off]` -> (MODEL, head choice; `auto` when not given: the
+    trained head if there is one)."""
+    name, *pairs = arg.split(",")
+    head = "auto"
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if key != "head" or not value:
+            raise LocalspecError(f"bad draft option '{pair}' (head=FILE|on|off)")
+        head = value
+    return name, head
 
 
 JAKIRO_OPTIONS = {"width": int, "branch": int, "cepd": ("on", "off"), "vocab": ("draft", "full")}

@@ -50,14 +50,35 @@ def _builtin_registry() -> dict:
     return json.loads(text)
 
 
-def shipped_drafter(target: Path) -> Path | None:
-    """The Jakiro drafter that ships for a target (models/jakiro/TARGET.q8_0.gguf), if any."""
-    name = f"{Path(target).stem}.q8_0.gguf"
-    installed = resources.files("localspec").joinpath("jakiro", name)
-    for path in (Path(str(installed)), Path(__file__).parent.parent / "models" / "jakiro" / name):
+def _shipped(folder: str, name: str) -> Path | None:
+    """A file that ships in models/FOLDER (installed as localspec/FOLDER), if it does."""
+    installed = resources.files("localspec").joinpath(folder, name)
+    for path in (Path(str(installed)), Path(__file__).parent.parent / "models" / folder / name):
         if path.is_file():
             return path
     return None
+
+
+def shipped_drafter(target: Path) -> Path | None:
+    """The Jakiro drafter that ships for a target (models/jakiro/TARGET.q8_0.gguf), if any."""
+    return _shipped("jakiro", f"{Path(target).stem}.q8_0.gguf")
+
+
+def heads_dir() -> Path:
+    """Where `localspec train acceptance-head` installs the heads it trains."""
+    return data_dir() / "heads"
+
+
+def head_name(target: Path, draft: Path, label: str) -> str:
+    return f"{Path(draft).stem}--{Path(target).stem}.{label}.gguf"
+
+
+def acceptance_head(target: Path, draft: Path, label: str) -> Path | None:
+    """The acceptance head for this draft model and target predicting `label` (greedy or
+    sampled acceptance): one trained here first, else one that ships (models/heads)."""
+    name = head_name(target, draft, label)
+    mine = heads_dir() / name
+    return mine if mine.is_file() else _shipped("heads", name)
 
 
 def _local_registry_path() -> Path:

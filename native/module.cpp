@@ -8,6 +8,7 @@
 
 #include <cstring>
 
+#include "acceptance.h"
 #include "decode.h"
 #include "jakiro.h"
 #include "jakiro_tree.h"
@@ -282,6 +283,42 @@ NB_MODULE(_native, m) {
             "u"_a, "experts"_a, "router"_a, "root_pos"_a, "width"_a, "branch"_a, "max_nodes"_a,
             "cepd"_a, "min_reach"_a,
             "Algorithm 1's draft tree under the root at root_pos: (tokens, parents, reach, n_forwards).");
+
+    nb::class_<ls::acceptance_head>(m, "AcceptanceHead")
+        .def(
+            "__init__",
+            [](ls::acceptance_head * self, nb::list layers, float q_scale) {
+                // layers: (weight (out, in), bias (out)) pairs: input, block ups and downs, output.
+                std::vector<ls::dense> ds;
+                for (nb::handle item : layers) {
+                    auto pair = nb::cast<nb::tuple>(item);
+                    auto w = nb::cast<rows_in>(pair[0]);
+                    auto b = nb::cast<vec_in<const float>>(pair[1]);
+                    ls::dense d{int32_t(w.shape(1)), int32_t(w.shape(0)),
+                                std::vector<float>(w.data(), w.data() + w.size()),
+                                std::vector<float>(b.data(), b.data() + b.shape(0))};
+                    ds.push_back(std::move(d));
+                }
+                if (ds.size() < 2) throw nb::value_error("acceptance head: needs input and output layers");
+                ls::dense inp = std::move(ds.front()), out = std::move(ds.back());
+                new (self) ls::acceptance_head(std::move(inp), std::vector<ls::dense>(ds.begin() + 1, ds.end() - 1),
+                                               std::move(out), q_scale);
+            },
+            "layers"_a, "q_scale"_a)
+        .def_prop_ro("d_model", &ls::acceptance_head::d_model)
+        .def(
+            "probs",
+            [](const ls::acceptance_head & h, rows_in f, vec_in<const int32_t> row, vec_in<const float> q) {
+                const size_t n = q.shape(0);
+                if (f.shape(1) != size_t(h.d_model()) || row.shape(0) != n) {
+                    throw nb::value_error("probs: f (rows, d_model), row (n), q (n)");
+                }
+                for (size_t i = 0; i < n; ++i) {
+                    if (row(i) < 0 || size_t(row(i)) >= f.shape(0)) throw nb::value_error("probs: row out of range");
+                }
+                return to_numpy(h.probs(f.data(), row.data(), q.data(), int32_t(n)));
+            },
+            "f"_a, "row"_a, "q"_a, "P(accepted) of each token q[i] drafted under hidden state f[row[i]].");
 
     m.def("system_info", []() { return std::string(llama_print_system_info()); },
           "llama.cpp's system info, as the linked library reports it.");

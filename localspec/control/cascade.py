@@ -13,9 +13,10 @@ Beyond the paper: the arms span several drafters. A test phase first tries each 
 its starting K (the K of its best recent utility, else what the cost curve predicts from its
 acceptance), then hill-climbs K on the best one not yet at a known maximum; what was measured
 carries over, so the climb goes on across test phases. A drafter whose trials stay below 1
-sits out 1, 3, 7, ... test phases (its own back-off), and once measured, a drafter for which
-the cost curve predicts no paying K (predict_k = 0) loses without a trial until its back-off
-is long, so a drafter that never pays costs almost nothing to keep in the set.
+sits out 1, 3, 7, ... test phases (its own back-off), and a drafter for which the cost curve
+predicts no paying K (predict_k = 0: its drafting and catching-up time outweigh what its
+acceptance can gain) loses without a trial until its back-off is long, so a drafter that
+never pays costs almost nothing to keep in the set.
 
 Pure logic: the caller reports each iteration's tokens and seconds, so it runs the same on
 simulated utility landscapes and on the engine."""
@@ -133,9 +134,9 @@ class Cascade:
             m = self.memory[d]
             if m.skip:
                 m.skip -= 1
-            elif m.utility and self.predict_k(d) == 0 and m.losses < cfg.explore_after:
-                # Measured before, and the cost curve says no K pays with what it measured:
-                # a loss without a trial (a slow draft model would cost more than it gains).
+            elif self.predict_k(d) == 0 and m.losses < cfg.explore_after:
+                # The cost curve says no K pays: a loss without a trial (a slow draft model
+                # would cost more than it gains).
                 self._lose(m)
             else:
                 candidates.append(d)

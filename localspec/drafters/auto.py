@@ -2,7 +2,10 @@
 asks the controller for an arm (a drafter and K, the most draft tokens it may propose; K = 0
 plain decoding), and it measures each iteration from one proposal to the next: the seconds
 between them and the tokens the context grew by, which is everything the iteration cost
-(drafting, verification, sampling) and everything it emitted."""
+(drafting, verification, sampling) and everything it emitted — except the time a drafter
+switched in spends catching up with the context it missed while others ran: that is paid once
+per switch, not per iteration, so it is left out of the trial's utility and charged instead in
+the prediction that decides whether the drafter gets a trial at all."""
 
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ class AutoDrafter:
         self.feature_drafters = [d for d in drafters.values() if getattr(d, "feature_window", 0)]
         self.feature_window = max((d.feature_window for d in self.feature_drafters), default=0)
         self._last: tuple[int, float] | None = None  # context length and time at the last proposal
+        self._context: list[int] = []
+        self._excluded = 0.0  # catch-up seconds of this iteration's drafter switching in
 
     @property
     def requests(self) -> list:
@@ -41,13 +46,19 @@ class AutoDrafter:
 
     def propose(self, context: list[int], max_nodes: int) -> DraftTree:
         now = time.perf_counter()
+        self._context = context
+        previous = self.cascade.next_arm()[0]
         if self._last is not None:
-            self.cascade.record(len(context) - self._last[0], now - self._last[1])
+            self.cascade.record(len(context) - self._last[0], now - self._last[1] - self._excluded)
         self._last = (len(context), now)
         name, k = self.cascade.next_arm()
+        self._excluded = 0.0
         if (name, k) == PLAIN:
             return DraftTree.empty()
-        return self.drafters[name].propose(context, min(max_nodes, k))
+        tree = self.drafters[name].propose(context, min(max_nodes, k))
+        if name != previous:
+            self._excluded = getattr(self.drafters[name], "t_catch_up", 0.0)
+        return tree
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
         name = self.cascade.next_arm()[0]  # still this iteration's: it is recorded next proposal
@@ -59,15 +70,21 @@ class AutoDrafter:
             d.committed(ctx, first_pos, rows, fresh)
 
     def predict_k(self, name: str) -> int:
-        """The K that maximises expected speed for a chain whose tokens are each accepted
-        at this drafter's measured rate a and cost its measured drafting time t per token:
-        (1 + a + ... + a^K) / (cost(1 + K) + K t), against 1 / cost(1) for plain decoding;
-        0 when no K beats plain."""
+        """The K that maximises expected speed over a trial for a chain whose tokens are each
+        accepted at this drafter's measured rate a, cost its drafting time t per token, after
+        catching up with the context once (c seconds): per iteration
+        (1 + a + ... + a^K) / (cost(1 + K) + K t + c / trial), against 1 / cost(1) for plain
+        decoding; 0 when no K beats plain. A drafter that drafts for free (prompt lookup) is
+        never predicted out: its trials judge it."""
+        d = self.drafters[name]
+        t, c = d.drafting_seconds(self._context, self.curve.cost(1)) \
+            if hasattr(d, "drafting_seconds") else (0.0, 0.0)
         a = min(0.99, self.acceptance[name].value)
-        t = getattr(self.drafters[name], "t_token", 0.0)  # seconds per draft forward
         ks = np.arange(1, len(self.curve.seconds))
         gain = (1 - a ** (ks + 1)) / (1 - a)  # 1 + a + ... + a^K
-        cost = np.array([self.curve.cost(1 + k) for k in ks]) + ks * t
+        cost = np.array([self.curve.cost(1 + k) for k in ks]) + ks * t + c / self.cascade.cfg.trial
         rate = gain / cost
         best = int(np.argmax(rate))
-        return int(ks[best]) if rate[best] * self.curve.cost(1) >= 1.0 else 0
+        if rate[best] * self.curve.cost(1) >= 1.0 or (t == 0 and c == 0):
+            return int(ks[best])
+        return 0

@@ -1,7 +1,12 @@
 """A small model with the target's tokenizer drafts in its own llama.cpp context: a chain,
 token by token, or (width > 1) a tree grown EAGLE-2 style: each depth expands the `width`
 best nodes so far by cumulative draft probability, each into its `branch` best children
-(or `branch` draws, at T > 0), all of a depth in one batch."""
+(or `branch` draws, at T > 0), all of a depth in one batch.
+
+How likely each drafted token is to be accepted (its reach, the product along its path) comes
+from the draft's own probabilities, calibrated by what was accepted, or, with an acceptance
+head, from the head (Sun et al.): drafting stops where the planner's marginal rule says one
+more token no longer pays, which is the paper's early exit P_rej > h (see worth_drafting)."""
 
 from __future__ import annotations
 
@@ -10,9 +15,10 @@ import time
 import numpy as np
 
 from localspec import _native
+from localspec.control.acceptance import AcceptanceHead
 from localspec.drafters import DecayingRatio, rerank
 from localspec.engine import Context, Model
-from localspec.engine.context import ContextConfig
+from localspec.engine.context import ContextConfig, common_prefix
 from localspec.errors import LocalspecError
 from localspec.sampling import SamplingConfig, TokenSampler
 from localspec.verify import DraftTree, Verdict
@@ -33,12 +39,14 @@ def check_same_vocabulary(target: Model, draft: Model) -> None:
 class DraftModelDrafter:
     def __init__(self, model: Model, target: Model, sampling: SamplingConfig, planner,
                  max_depth: int = 8, width: int = 1, branch: int = 2, n_ctx: int = 4096,
-                 n_threads: int = 0):
+                 n_threads: int = 0, head: AcceptanceHead | None = None):
         check_same_vocabulary(target, model)
-        self.name = f"draft:{model.path.stem}" + (f"/tree{width}x{branch}" if width > 1 else "")
+        self.name = f"draft:{model.path.stem}" + (f"/tree{width}x{branch}" if width > 1 else "") \
+            + ("+head" if head else "")
+        self.head = head
         # Sequence 0 holds the context; tree paths use two alternating banks of `width`.
         self.ctx = Context(model, ContextConfig(n_ctx=n_ctx, n_threads=n_threads,
-                                                n_seq_max=1 + 2 * width))
+                                                n_seq_max=1 + 2 * width, embeddings=head is not None))
         # Drafts at T = 0 are picked (deterministic); at T > 0 drawn from the draft's own
         # distribution under the same transform, so verification can use p/q.
         self.sampled = sampling.temperature > 0
@@ -50,17 +58,44 @@ class DraftModelDrafter:
         self.max_depth, self.width, self.branch = max_depth, width, branch
         self.calibration = DecayingRatio(prior=0.9)  # accepted / predicted tokens
         self.t_token = 0.0  # running seconds per draft forward
+        # Until measured: decoding is bound by reading weights, so a draft forward costs about
+        # its share of the target's bytes, and a prefill token a tenth of a forward.
+        self.size_ratio = model.path.stat().st_size / target.path.stat().st_size
+        self.t_prefill_token = 0.0
+        self.t_catch_up = 0.0  # seconds the last proposal spent catching up with the context
         self._raw = np.zeros(0)
+
+    @property
+    def scale(self) -> float:
+        """What reach estimates are multiplied by: the calibration; 1 for a head's (it is
+        calibrated by training)."""
+        return 1.0 if self.head else self.calibration.value
+
+    def _acceptance(self, rows: list[int], tokens: list[int], ids: np.ndarray, probs: np.ndarray) -> list[float]:
+        """P(accepted) of `tokens`, drafted from the batch rows `rows` with the draft
+        distribution (ids, probs) of those rows (a row's children share it): the head's, or the
+        draft's own probability."""
+        qs = [float(probs[ids == x][0]) for x in tokens]
+        if not self.head:
+            return qs
+        uniq = sorted(set(rows))
+        f = np.stack([self.ctx.hidden(r) for r in uniq])
+        return self.head.probs(f, [uniq.index(r) for r in rows], qs).tolist()
 
     def propose(self, context: list[int], max_nodes: int) -> DraftTree:
         self.calibration.tick()
         # Even a first token the target surely accepts must pay for its draft forward and the
         # larger verification; when it cannot (a slow draft model on a CPU), do not draft.
-        if not self.planner.worth_drafting(min(1.0, self.calibration.value), self.t_token, 0):
+        if not self.planner.worth_drafting(min(1.0, self.scale), self.t_token, 0):
             return DraftTree.empty()
         if self.sampler.window:
             self.sampler.history = np.asarray(context[-self.sampler.window:], np.int32)
+        t0 = time.perf_counter()
+        behind = len(context) - common_prefix(self.ctx.tokens, context)
         row = self.ctx.prefill(context)  # catch up with what the target accepted
+        self.t_catch_up = time.perf_counter() - t0
+        if behind >= 16:
+            self.t_prefill_token = self.t_catch_up / behind
         t0 = time.perf_counter()
         grow = self._chain if self.width == 1 else self._tree
         tree, n_forwards = grow(row, min(self.max_depth, max_nodes), max_nodes)
@@ -68,8 +103,15 @@ class DraftModelDrafter:
             dt = (time.perf_counter() - t0) / n_forwards
             self.t_token = dt if self.t_token == 0 else 0.8 * self.t_token + 0.2 * dt
         self._raw = tree.reach.copy()
-        tree.reach = np.minimum(1.0, tree.reach * self.calibration.value)
+        tree.reach = np.minimum(1.0, tree.reach * self.scale)
         return tree
+
+    def drafting_seconds(self, context: list[int], t_target: float) -> tuple[float, float]:
+        """(seconds per drafted token, seconds to catch up with `context` first), measured or,
+        before that, estimated from the target's forward time t_target."""
+        t = self.t_token or t_target * self.size_ratio
+        behind = len(context) - common_prefix(self.ctx.tokens, context)
+        return t, behind * (self.t_prefill_token or t / 10)
 
     def _pick(self, logits: np.ndarray, k: int) -> tuple[list[int], np.ndarray, np.ndarray]:
         """k children: the k best (deterministic) or k draws (sampled); and the distribution."""
@@ -83,8 +125,8 @@ class DraftModelDrafter:
         r = 1.0
         for d in range(depth):
             (x,), ids, probs = self._pick(self.ctx.logits(row), 1)
-            r *= float(probs[ids == x][0])
-            if not self.planner.worth_drafting(r * self.calibration.value, self.t_token, d):
+            r *= self._acceptance([row], [x], ids, probs)[0]
+            if not self.planner.worth_drafting(r * self.scale, self.t_token, d):
                 break
             tokens.append(x)
             reach.append(r)
@@ -101,15 +143,15 @@ class DraftModelDrafter:
         n_past = len(ctx.tokens)
         tokens, parents, reach, qs, seq_of = [], [], [], [], {}
         children, ids, probs = self._pick(ctx.logits(row), self.branch)
-        for x in children:
+        for x, a in zip(children, self._acceptance([row] * len(children), children, ids, probs)):
             tokens.append(x), parents.append(-1), qs.append((ids, probs))
-            reach.append(float(probs[ids == x][0]))
+            reach.append(a)
         frontier = list(range(len(tokens)))
         n_forwards = 0
         for d in range(1, depth):
             # Expand the `width` best nodes of the last depth, each in its own sequence.
             best = sorted(frontier, key=lambda i: -reach[i])[:self.width]
-            if not best or not self.planner.worth_drafting(reach[best[0]] * self.calibration.value,
+            if not best or not self.planner.worth_drafting(reach[best[0]] * self.scale,
                                                            self.t_token, d):
                 break
             bank = 1 + (d % 2) * self.width
@@ -124,9 +166,10 @@ class DraftModelDrafter:
             frontier = []
             for row, node in enumerate(best):
                 children, ids, probs = self._pick(ctx.logits(row), self.branch)
-                for x in children:
+                accept = self._acceptance([row] * len(children), children, ids, probs)
+                for x, a in zip(children, accept):
                     tokens.append(x), parents.append(node), qs.append((ids, probs))
-                    reach.append(reach[node] * float(probs[ids == x][0]))
+                    reach.append(reach[node] * a)
                     frontier.append(len(tokens) - 1)
         ctx.seq_rm(-1, n_past, -1)  # the draft cache keeps only the context
         for s in range(1, 1 + 2 * self.width):

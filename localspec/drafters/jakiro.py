@@ -146,6 +146,11 @@ class JakiroDrafter:
 
     # --- drafting ---------------------------------------------------------------------------
 
+    def drafting_seconds(self, context: list[int], t_target: float) -> tuple[float, float]:
+        """(seconds per draft forward, catch-up seconds): it follows every committed token,
+        so it never has to catch up."""
+        return self.t_token, 0.0
+
     def propose(self, context: list[int], max_nodes: int) -> DraftTree:
         self.calibration.tick()
         cal = self.calibration.value

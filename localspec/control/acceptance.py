@@ -1,0 +1,32 @@
+"""The acceptance head at inference: a GGUF written by `localspec train acceptance-head`,
+evaluated natively, refused in one line beside a draft model or target it was not made for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from localspec import _native
+from localspec.convert import read_head_gguf
+from localspec.engine import Model
+from localspec.errors import LocalspecError
+from localspec.train.features import tokenizer_hash
+
+
+class AcceptanceHead:
+    def __init__(self, path: Path, draft: Model, target: Model):
+        meta, layers = read_head_gguf(path)
+        if meta["d_model"] != draft.n_embd or meta["tokenizer"] != tokenizer_hash(target):
+            raise LocalspecError(
+                f"acceptance head {Path(path).name} was made for {meta['drafter']} drafting for "
+                f"{meta['target']} (hidden {meta['d_model']}, tokenizer {meta['tokenizer']}), not "
+                f"{draft.name} (hidden {draft.n_embd}) for {target.name}")
+        self.path = Path(path)
+        self.label = meta["label"]
+        self.native = _native.AcceptanceHead(layers, meta["q_scale"])
+
+    def probs(self, f: np.ndarray, rows: list[int], q: list[float]) -> np.ndarray:
+        """P(accepted) of tokens drafted with probability q[i] under hidden state f[rows[i]]."""
+        return self.native.probs(np.ascontiguousarray(f, np.float32), np.asarray(rows, np.int32),
+                                 np.asarray(q, np.float32))
