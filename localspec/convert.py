@@ -95,17 +95,24 @@ def _open(path: Path) -> GGUFReader:
         raise LocalspecError(f"not a readable GGUF file: {path} ({e})") from None
 
 
-def _config(reader: GGUFReader, path: Path) -> JakiroConfig:
-    arch = reader.get_field("general.architecture")
-    if arch is None or arch.contents() != ARCH:
-        raise LocalspecError(f"{Path(path).name} is not a Jakiro drafter (architecture "
-                             f"{arch.contents() if arch else 'missing'})")
+def _metadata(reader: GGUFReader, path: Path, arch: str, what: str, keys: list[tuple[str, str]]) -> dict:
+    """The values of `keys` ((name, GGUF key suffix) pairs) of a GGUF of architecture `arch`,
+    refused in one line if it is something else (`what` names what was expected)."""
+    found = reader.get_field("general.architecture")
+    if found is None or found.contents() != arch:
+        raise LocalspecError(f"{Path(path).name} is not {what} (architecture "
+                             f"{found.contents() if found else 'missing'})")
     values = {}
-    for field, key in _META:
-        f = reader.get_field(f"{ARCH}.{key}")
+    for name, suffix in keys:
+        f = reader.get_field(f"{arch}.{suffix}")
         if f is None:
-            raise LocalspecError(f"{Path(path).name}: missing metadata {ARCH}.{key}")
-        values[field] = f.contents()
+            raise LocalspecError(f"{Path(path).name}: missing metadata {arch}.{suffix}")
+        values[name] = f.contents()
+    return values
+
+
+def _config(reader: GGUFReader, path: Path) -> JakiroConfig:
+    values = _metadata(reader, path, ARCH, "a Jakiro drafter", _META)
     d2t = next((np.asarray(t.data, np.int64) for t in reader.tensors if t.name == "d2t"), None)
     if d2t is None:
         raise LocalspecError(f"{Path(path).name}: missing the d2t tensor")
@@ -177,16 +184,7 @@ def read_head_gguf(path: Path) -> tuple[dict, list[tuple[np.ndarray, np.ndarray]
     """An acceptance head's metadata (with q_scale, the weight of the draft's log-odds) and
     its layers in order, (weight (out, in), bias)."""
     reader = _open(path)
-    arch = reader.get_field("general.architecture")
-    if arch is None or arch.contents() != HEAD_ARCH:
-        raise LocalspecError(f"{Path(path).name} is not an acceptance head (architecture "
-                             f"{arch.contents() if arch else 'missing'})")
-    meta = {}
-    for key, suffix in _HEAD_META:
-        f = reader.get_field(f"{HEAD_ARCH}.{suffix}")
-        if f is None:
-            raise LocalspecError(f"{Path(path).name}: missing metadata {HEAD_ARCH}.{suffix}")
-        meta[key] = f.contents()
+    meta = _metadata(reader, path, HEAD_ARCH, "an acceptance head", _HEAD_META)
     t = {x.name: np.asarray(x.data, np.float32).reshape(tuple(int(n) for n in reversed(x.shape)))
          for x in reader.tensors}
     names = ["in"] + [f"blk.{i}.{part}" for i in range(meta["n_blocks"]) for part in ("up", "down")] + ["out"]

@@ -117,7 +117,7 @@ def test_drafting_with_the_head_is_greedy_identical_and_cuts_by_the_rule(trained
             return tree
         drafter.propose = spy
         stats = SpecStats()
-        for p in PROMPTS[:8]:
+        for p in PROMPTS[:6]:
             assert speculative(target, drafter, target.model.tokenize(p), stats=stats) == reference[p], p
         drafter.close()
     assert all(cut) and stats.n_accepted > 50

@@ -102,7 +102,7 @@ def test_starts_from_the_predicted_k():
 def test_auto_greedy_identical_to_plain(target, reference, small_path):
     """Cascade switches between lookup, the draft model (SmolLM2 itself here) and plain
     decoding by measured time, so which arm runs where depends on the machine; the output
-    must not."""
+    must not (12 prompts of 128 tokens)."""
     with Model(small_path) as dm:
         drafters = {"lookup": LookupDrafter(),
                     "draft": DraftModelDrafter(dm, target.model, GREEDY, Planner(FLAT, 8), n_threads=1)}
@@ -110,7 +110,7 @@ def test_auto_greedy_identical_to_plain(target, reference, small_path):
         # target, so the cost curve would keep it out, and this test wants every arm to run.
         auto = AutoDrafter(drafters, FLAT, CascadeConfig(explore_after=0))
         used = set()
-        for p in PROMPTS:
+        for p in PROMPTS[:12]:  # enough for every arm to run; the suite stays short
             auto.new_request()
             assert speculative(target, auto, target.model.tokenize(p)) == reference[p], p
             used |= {row.arm[0] for row in auto.cascade.trace}

@@ -11,7 +11,12 @@ from localspec import _native
 from localspec.convert import read_head_gguf
 from localspec.engine import Model
 from localspec.errors import LocalspecError
+from localspec.sampling import SamplingConfig
 from localspec.train.features import tokenizer_hash
+
+# The transform under which heads learn q(x) (and the target's p, for sampled labels): the
+# draft's probabilities fed to a head must come from the same one, also at T = 0.
+HEAD_SAMPLING = SamplingConfig(temperature=1.0)
 
 
 class AcceptanceHead:

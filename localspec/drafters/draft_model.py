@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from localspec import _native
-from localspec.control.acceptance import AcceptanceHead
+from localspec.control.acceptance import HEAD_SAMPLING, AcceptanceHead
 from localspec.drafters import DecayingRatio, rerank
 from localspec.engine import Context, Model
 from localspec.engine.context import ContextConfig, common_prefix
@@ -51,9 +51,11 @@ class DraftModelDrafter:
         # distribution under the same transform, so verification can use p/q.
         self.sampled = sampling.temperature > 0
         # At T = 0 the draft's own probabilities (T = 1 over its top tokens) still rank the
-        # children and estimate how likely each is to be accepted.
-        self.sampler = TokenSampler(sampling if self.sampled else SamplingConfig(
-            temperature=1.0, top_k=max(16, branch), top_p=1.0, min_p=0.0))
+        # children and estimate how likely each is to be accepted; a head reads them under
+        # the transform it was trained with.
+        ranking = HEAD_SAMPLING if head else SamplingConfig(temperature=1.0, top_k=max(16, branch),
+                                                           top_p=1.0, min_p=0.0)
+        self.sampler = TokenSampler(sampling if self.sampled else ranking)
         self.planner = planner
         self.max_depth, self.width, self.branch = max_depth, width, branch
         self.calibration = DecayingRatio(prior=0.9)  # accepted / predicted tokens

@@ -21,18 +21,19 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from localspec.control.acceptance import HEAD_SAMPLING
 from localspec.drafters.draft_model import check_same_vocabulary
 from localspec.engine import Context, Model
 from localspec.engine.context import ContextConfig
 from localspec.errors import LocalspecError
 from localspec.generate import generate
 from localspec.progress import progress_bar
-from localspec.sampling import SamplingConfig, TokenSampler
+from localspec.sampling import TokenSampler
 from localspec.train.corpus import training_examples
 from localspec.train.features import tokenizer_hash
 
@@ -89,7 +90,8 @@ def collect(cfg: HeadTrainConfig, texts: list[str] | None = None) -> Path:
         dctx = Context(draft, ContextConfig(n_ctx=n_ctx, n_threads=cfg.n_threads, n_batch=n_ctx,
                                             embeddings=True))
         (cfg.out / "meta.json").write_text(json.dumps({
-            "target": target.name, "drafter": draft.name, "drafter_file": draft.path.name,
+            "target": target.name, "drafter": draft.name, "target_file": target.path.stem,
+            "drafter_file": draft.path.stem,
             "tokenizer": tokenizer_hash(target), "d_model": draft.n_embd}))
         chosen = [target.tokenize(t) for t in texts] if texts else \
             prompts(target, cfg.n_sequences, cfg.max_prompt)
@@ -110,7 +112,7 @@ def collect(cfg: HeadTrainConfig, texts: list[str] | None = None) -> Path:
 
 
 def _sequence(tctx: Context, dctx: Context, prompt: list[int], cfg: HeadTrainConfig, seed: int):
-    at_t1 = SamplingConfig(temperature=1.0, seed=seed)
+    at_t1 = replace(HEAD_SAMPLING, seed=seed)
     y = list(generate(tctx, prompt, cfg.max_new, at_t1, stop_at_eog=False))
     n = len(y)
     if n < 2:
@@ -215,7 +217,7 @@ def train_head(cfg: HeadTrainConfig) -> Path:
     path = cfg.out / f"head-{cfg.label}.pt"
     torch.save(ckpt, path)
     reliability_diagram(pe, qe, ye, cfg.out / f"reliability-{cfg.label}.png",
-                        f"{meta['drafter']} → {meta['target']} ({cfg.label})")
+                        f"{meta['drafter_file']} → {meta['target_file']} ({cfg.label})")
     print(f"{cfg.label}: {len(y)} training rows (accepted {share:.1%}), {len(yv)} for early stopping, "
           f"{time.perf_counter() - t0:.0f} s\nheld out: {report}")
     return path
