@@ -47,3 +47,18 @@ def qwen_model(qwen_path):
 def small_ctx(small_model):
     with Context(small_model, ContextConfig(n_ctx=2048, n_seq_max=8)) as ctx:
         yield ctx
+
+
+@pytest.fixture(scope="session")
+def target(small_model):
+    """SmolLM2 on one thread, where batched forwards reproduce single tokens exactly (see
+    test_speculative.py), for every module that compares speculative with plain decoding."""
+    with Context(small_model, ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1)) as ctx:
+        yield ctx
+
+
+@pytest.fixture(scope="session")
+def reference(target):
+    """Plain greedy output of test_speculative's 20 prompts, computed once per session."""
+    from test_speculative import PROMPTS as SPEC_PROMPTS, plain
+    return {p: plain(target, target.model.tokenize(p)) for p in SPEC_PROMPTS}

@@ -19,7 +19,7 @@ from localspec.speculative import SpecStats
 from localspec.train.acceptance import HeadTrainConfig, collect, load, train_head
 from localspec.train.acceptance_net import AcceptanceNet, head_inputs
 
-from test_speculative import GREEDY, PROMPTS, reference, speculative, target  # noqa: F401
+from test_speculative import GREEDY, PROMPTS, speculative
 
 
 def truncated(src, dst, n_layers: int):

@@ -10,8 +10,7 @@ from localspec.drafters.draft_model import DraftModelDrafter
 from localspec.drafters.lookup import LookupDrafter
 from localspec.engine import Model
 
-from test_speculative import FLAT, GREEDY, PROMPTS, speculative  # noqa: F401 (fixtures below)
-from test_speculative import reference, target  # noqa: F401
+from test_speculative import FLAT, GREEDY, PROMPTS, speculative
 
 T_BASE = 0.05  # seconds per plain iteration
 

@@ -68,15 +68,8 @@ def speculative(ctx, drafter, prompt, n=N_TOKENS, sampling=GREEDY, stats=None, m
                                      sampling, stats))
 
 
-@pytest.fixture(scope="module")
-def target(small_model):
-    with Context(small_model, ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1)) as ctx:
-        yield ctx
-
-
-@pytest.fixture(scope="module")
-def reference(target):
-    return {p: plain(target, target.model.tokenize(p)) for p in PROMPTS}
+# The fixtures `target` (SmolLM2 on one thread) and `reference` (plain output of PROMPTS)
+# live in conftest.py: computed once for every module that compares with plain decoding.
 
 
 def test_lookup_greedy_identical_to_plain(target, reference):
