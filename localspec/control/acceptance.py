@@ -27,8 +27,6 @@ class AcceptanceHead:
                 f"acceptance head {Path(path).name} was made for {meta['drafter']} drafting for "
                 f"{meta['target']} (hidden {meta['d_model']}, tokenizer {meta['tokenizer']}), not "
                 f"{draft.name} (hidden {draft.n_embd}) for {target.name}")
-        self.path = Path(path)
-        self.label = meta["label"]
         self.native = _native.AcceptanceHead(layers, meta["q_scale"])
 
     def probs(self, f: np.ndarray, rows: list[int], q: list[float]) -> np.ndarray:

@@ -93,11 +93,10 @@ class DraftModelDrafter:
         if self.sampler.window:
             self.sampler.history = np.asarray(context[-self.sampler.window:], np.int32)
         t0 = time.perf_counter()
-        behind = len(context) - common_prefix(self.ctx.tokens, context)
         row = self.ctx.prefill(context)  # catch up with what the target accepted
         self.t_catch_up = time.perf_counter() - t0
-        if behind >= 16:
-            self.t_prefill_token = self.t_catch_up / behind
+        if self.ctx.n_prefilled >= 16:
+            self.t_prefill_token = self.t_catch_up / self.ctx.n_prefilled
         t0 = time.perf_counter()
         grow = self._chain if self.width == 1 else self._tree
         tree, n_forwards = grow(row, min(self.max_depth, max_nodes), max_nodes)

@@ -61,6 +61,7 @@ class Context:
         self.n_ctx = ll.llama_n_ctx(ptr)
         self.mem = ll.llama_get_memory(ptr)
         self.tokens: list[int] = []  # what sequence 0's KV cache holds, position by position
+        self.n_prefilled = 0  # tokens the last prefill decoded
         self._one = (np.zeros(1, np.int32), np.zeros(1, np.int32), np.array([0, 1], np.int32),
                      np.zeros(1, np.int32), np.ones(1, np.int8))
 
@@ -126,6 +127,7 @@ class Context:
         self._check_room(len(prompt), fresh=True)
         n_keep = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
         self.truncate(n_keep)
+        self.n_prefilled = len(prompt) - n_keep  # what this call decoded (catch-up cost)
         return self.extend(prompt[n_keep:], n_outputs)
 
     def extend(self, tokens: Sequence[int], n_outputs: int = 1) -> int:
