@@ -82,6 +82,16 @@ def test_each_drafter_backs_off_on_its_own():
     assert sum(a[0] == "good" for a in arms) > 800
 
 
+def test_a_near_miss_is_tried_again_next_phase():
+    """A trial just below 1 switches speculation off for a set phase but does not sit the
+    drafter out: four iterations cannot tell 0.97 from 1.03 (code-edit's first trial)."""
+    cascade = Cascade(["lookup"], predict_k=lambda d: 2)
+    arms = simulate(cascade, lambda arm, i: 0.97 if i < 40 else 1.3, 300)
+    first_set = next(i for i, (a, row) in enumerate(zip(arms, cascade.trace))
+                     if row.phase == "set" and a != PLAIN)
+    assert set_phases(cascade)[0][0] == PLAIN and first_set < 60
+
+
 def test_a_drafter_predicted_not_to_pay_is_tried_rarely():
     """A drafter for which the cost curve predicts no paying K (predict_k = 0) loses without
     trials until its back-off is long; then it is explored again."""

@@ -12,10 +12,10 @@ best then runs for a set phase of `set_len` iterations, or plain decoding when n
 Beyond the paper: the arms span several drafters. A test phase first tries each drafter at
 its starting K (the K of its best recent utility, else what the cost curve predicts from its
 acceptance), then hill-climbs K on the best one not yet at a known maximum; what was measured
-carries over, so the climb goes on across test phases. A drafter whose trials stay below 1
-sits out 1, 3, 7, ... test phases (its own back-off), and a drafter for which the cost curve
-predicts no paying K (predict_k = 0: its drafting and catching-up time outweigh what its
-acceptance can gain) loses without a trial until its back-off is long, so a drafter that
+carries over, so the climb goes on across test phases. A drafter whose trials stay clearly
+below 1 (by more than `converge`) sits out 1, 3, 7, ... test phases (its own back-off), and
+a drafter for which the cost curve predicts no paying K (predict_k = 0: its drafting and
+catching-up time outweigh what its acceptance can gain) loses without a trial until its back-off is long, so a drafter that
 never pays costs almost nothing to keep in the set.
 
 Pure logic: the caller reports each iteration's tokens and seconds, so it runs the same on
@@ -153,7 +153,9 @@ class Cascade:
                 break
         for d in candidates:
             m = self.memory[d]
-            if max(u for (dd, _), u in tried.items() if dd == d) < 1.0:
+            # Only a clear loss sits the drafter out: four iterations cannot tell 0.95 from
+            # 1.05, and a drafter that nearly pays is worth another trial next phase.
+            if max(u for (dd, _), u in tried.items() if dd == d) < 1.0 - cfg.converge:
                 self._lose(m)
             else:
                 m.losses = 0
