@@ -201,18 +201,18 @@ def test_train_a_tiny_drafter_from_scratch_then_convert_and_inspect(tiny_run, ca
 
 
 def test_jakiro_greedy_identical_to_plain(tiny_run, small_model):
-    """20 prompts × 128 tokens, target on one thread (batches reproduce single tokens
-    bit for bit there, see test_speculative), the drafter's trees verified under a flat cost
-    curve (so it drafts all it can) cut at 5 nodes to keep the test's time down."""
+    """10 of the 20 prompts × 128 tokens, target on one thread (batches reproduce single
+    tokens bit for bit there, see test_speculative), the drafter's trees verified under a flat
+    cost curve (so it drafts all it can) cut at 5 nodes to keep the test's time down."""
     _, gguf = tiny_run
     with Context(small_model, ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, embeddings=True)) as ctx:
         drafter = JakiroDrafter(JakiroRuntime(gguf, small_model, n_ctx=1024, n_threads=1),
                                 Planner(DEAR, 8, max_nodes=5))
         stats = SpecStats()
-        for p in PROMPTS:
+        for p in PROMPTS[1::2]:
             tokens = small_model.tokenize(p)
             assert speculative(ctx, drafter, tokens, stats=stats, max_nodes=5) == plain(ctx, tokens), p
-    assert stats.n_accepted > 50 and stats.n_drafted - stats.n_accepted > 100, stats.summary()
+    assert stats.n_accepted > 25 and stats.n_drafted - stats.n_accepted > 100, stats.summary()
 
 
 def test_shipped_smollm2_drafter_decodes_like_plain(small_path, small_model):

@@ -86,12 +86,13 @@ def test_lookup_greedy_identical_to_plain(target, reference):
 def test_draft_model_greedy_identical_to_plain(target, reference, small_path, width):
     """The draft model here is the target's own GGUF (the one small model with its
     tokenizer), so drafts are the target's argmax up to a near tie; the tree's other
-    branches are the draft's runners-up."""
+    branches are the draft's runners-up. Trees verify four times the nodes: every other
+    prompt keeps the test's time down."""
     with Model(small_path) as dm:
         drafter = DraftModelDrafter(dm, target.model, GREEDY, Planner(FLAT, 8), width=width,
                                     n_threads=1)
         stats = SpecStats()
-        for p in PROMPTS:
+        for p in (PROMPTS if width == 1 else PROMPTS[::2]):
             assert speculative(target, drafter, target.model.tokenize(p), stats=stats) == reference[p], p
         drafter.close()
     assert stats.n_accepted > 500
