@@ -155,7 +155,7 @@ def train_acceptance_head(a: argparse.Namespace) -> None:
     from localspec.convert import convert_checkpoint
     from localspec.train.acceptance import LABELS, HeadTrainConfig, collect, train_head
     if not a.drafter:
-        raise LocalspecError("train acceptance-head needs --drafter MODEL (the draft model it judges)")
+        raise LocalspecError("train acceptance-head needs --drafter MODEL|JAKIRO.gguf (the drafter it judges)")
     target, drafter = store.resolve(a.target), store.resolve(a.drafter)
     base = HeadTrainConfig(target=target, drafter=drafter, out=Path(a.out), n_sequences=a.sequences,
                            max_new=a.max_new, hidden=a.hidden, n_blocks=a.blocks, seed=a.seed,
@@ -166,7 +166,8 @@ def train_acceptance_head(a: argparse.Namespace) -> None:
         out = store.heads_dir() / store.head_name(target, drafter, label)
         out.parent.mkdir(parents=True, exist_ok=True)
         convert_checkpoint(ckpt, out)
-        print(f"installed {out} (used by --drafter draft and auto {'at T = 0' if label == 'greedy' else 'at T > 0'})")
+        print(f"installed {out} (used by --drafter draft or jakiro, and auto, "
+              f"{'at T = 0' if label == 'greedy' else 'at T > 0'})")
 
 
 def cmd_convert(a: argparse.Namespace) -> None:
@@ -282,7 +283,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("kind", choices=["jakiro", "acceptance-head"])
     t.add_argument("--target", required=True, help="registry name or path to the target .gguf")
     t.add_argument("--out", required=True, help="checkpoint folder (resumes if it holds one)")
-    t.add_argument("--drafter", help="acceptance-head: the draft model (registry name or .gguf)")
+    t.add_argument("--drafter", help="acceptance-head: the draft model (registry name or .gguf) or a "
+                   "Jakiro drafter .gguf (the head then reads its branch features)")
     t.add_argument("--sequences", type=int, default=160,
                    help="acceptance-head: target continuations to collect data from")
     t.add_argument("--max-new", type=int, default=96, help="acceptance-head: tokens per continuation")

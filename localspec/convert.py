@@ -166,6 +166,9 @@ def write_head_gguf(ckpt: dict, path: Path) -> None:
     for key, suffix in _HEAD_META:
         v = values[key]
         (w.add_string if isinstance(v, str) else w.add_uint32)(f"{HEAD_ARCH}.{suffix}", v)
+    # What reads the head's features: a draft model's hidden state, or a Jakiro branch feature
+    # (heads from before this key are draft models').
+    w.add_string(f"{HEAD_ARCH}.drafter.kind", values.get("drafter_kind", "draft"))
     for key, v in ckpt.get("report", {}).items():
         w.add_float64(f"{HEAD_ARCH}.heldout.{key}", float(v))
     for name, value in ckpt["state"].items():  # torch: inp, blocks.N.0 (up), blocks.N.2 (down), out
@@ -185,6 +188,8 @@ def read_head_gguf(path: Path) -> tuple[dict, list[tuple[np.ndarray, np.ndarray]
     its layers in order, (weight (out, in), bias)."""
     reader = _open(path)
     meta = _metadata(reader, path, HEAD_ARCH, "an acceptance head", _HEAD_META)
+    kind = reader.get_field(f"{HEAD_ARCH}.drafter.kind")
+    meta["drafter_kind"] = kind.contents() if kind is not None else "draft"
     t = {x.name: np.asarray(x.data, np.float32).reshape(tuple(int(n) for n in reversed(x.shape)))
          for x in reader.tensors}
     names = ["in"] + [f"blk.{i}.{part}" for i in range(meta["n_blocks"]) for part in ("up", "down")] + ["out"]

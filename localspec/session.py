@@ -111,7 +111,8 @@ class Session:
                 self.ctx.set_embeddings(True)
                 rt = JakiroRuntime(path, self.model, self.cfg.n_ctx, self.cfg.threads,
                                    full_vocab=opts.pop("vocab") == "full")
-                d = JakiroDrafter(rt, planner, **opts)
+                head = self.acceptance_head(opts.pop("head"), rt, sampling) if not k else None
+                d = JakiroDrafter(rt, planner, **opts, head=head)
             else:
                 raise LocalspecError(f"unknown drafter '{spec}' (none, auto[:D+D...], lookup, "
                                      "draft[:MODEL], draft-tree[:MODEL], jakiro[:FILE][,OPTION=VALUE...], "
@@ -119,9 +120,10 @@ class Session:
             self._drafters[key] = d
         return self._drafters[key]
 
-    def acceptance_head(self, choice: str, draft: Model, sampling: SamplingConfig):
-        """The head `choice` names: a file, `off`, `on` (the one trained for this pair and
-        sampling, which must exist) or `auto` (that one if it exists)."""
+    def acceptance_head(self, choice: str, draft, sampling: SamplingConfig):
+        """The head `choice` names for `draft` (a draft Model or a JakiroRuntime): a file,
+        `off`, `on` (the one trained for this pair and sampling, which must exist) or `auto`
+        (that one if it exists)."""
         if choice == "off":
             return None
         from localspec.control.acceptance import AcceptanceHead
@@ -203,22 +205,26 @@ def draft_options(arg: str) -> tuple[str, str]:
     return name, head
 
 
-JAKIRO_OPTIONS = {"width": int, "branch": int, "cepd": ("on", "off"), "vocab": ("draft", "full")}
+JAKIRO_OPTIONS = {"width": int, "branch": int, "cepd": ("on", "off"), "vocab": ("draft", "full"),
+                  "head": None}
 
 
 def jakiro_options(arg: str) -> tuple[Path | None, dict]:
-    """`[FILE][,width=N][,branch=N][,cepd=on|off][,vocab=draft|full]`: the drafter (None: the
-    one that ships for the target), the tree's expanded nodes per depth and tokens per branch,
-    CEPD for the last two steps, and the head's rows (the drafter's own reduced vocabulary,
-    or every target token)."""
+    """`[FILE][,width=N][,branch=N][,cepd=on|off][,vocab=draft|full][,head=FILE|on|off]`: the
+    drafter (None: the one that ships for the target), the tree's expanded nodes per depth and
+    tokens per branch, CEPD for the last two steps, the LM head's rows (the drafter's own
+    reduced vocabulary, or every target token) and the acceptance head on branch features
+    (default: the one trained for this drafter and sampling, if any)."""
     path, *pairs = arg.split(",")
-    opts: dict = {"vocab": "draft", "cepd": "on"}
+    opts: dict = {"vocab": "draft", "cepd": "on", "head": "auto"}
     for pair in pairs:
         key, _, value = pair.partition("=")
-        allowed = JAKIRO_OPTIONS.get(key)
-        if not (value.isdigit() and int(value) >= 1 if allowed is int else value in (allowed or ())):
+        allowed = JAKIRO_OPTIONS.get(key, ())
+        ok = (value.isdigit() and int(value) >= 1 if allowed is int else
+              bool(value) if allowed is None and key in JAKIRO_OPTIONS else value in allowed)
+        if not ok:
             raise LocalspecError(f"bad Jakiro option '{pair}' (width=N, branch=N, cepd=on|off, "
-                                 "vocab=draft|full)")
+                                 "vocab=draft|full, head=FILE|on|off)")
         opts[key] = int(value) if allowed is int else value
     opts["cepd"] = opts["cepd"] == "on"
     return Path(path) if path else None, opts

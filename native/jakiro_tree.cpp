@@ -108,6 +108,22 @@ grown_tree grow_jakiro_tree(jakiro_model & model, const float * u, const float *
         if (!single) rows.insert(rows.end(), second.begin(), second.end());
         const int32_t n_rows = single ? m : 2 * m;
         const auto cands = top_k(model.logits(rows.data(), n_rows), n_rows, per_row, model.draft_vocab());
+        // Each candidate's factor in its reach: q, or the head's P(accepted) of it.
+        std::vector<std::vector<float>> factor(n_rows);
+        for (int32_t r = 0; r < n_rows; ++r) {
+            for (const candidate & c : cands[r]) factor[r].push_back(c.prob);
+        }
+        if (shape.head && !cepd) {
+            std::vector<int32_t> row_of;
+            std::vector<float> q;
+            for (int32_t r = 0; r < n_rows; ++r) {
+                for (const candidate & c : cands[r]) row_of.push_back(r), q.push_back(c.prob);
+            }
+            const std::vector<float> acc = shape.head->probs(rows.data(), row_of.data(), q.data(), int32_t(q.size()));
+            for (size_t i = 0, r = 0; r < size_t(n_rows); ++r) {
+                for (float & f : factor[r]) f = acc[i++];
+            }
+        }
 
         std::vector<int32_t> added;
         for (int32_t r = 0; r < m; ++r) {
@@ -128,12 +144,14 @@ grown_tree grow_jakiro_tree(jakiro_model & model, const float * u, const float *
             std::unordered_map<int32_t, int32_t> seen;  // token -> node: both experts chose it
             for (int32_t side : {r, m + r}) {
                 if (side >= n_rows) break;
-                for (const candidate & c : cands[side]) {
+                for (size_t k = 0; k < cands[side].size(); ++k) {
+                    const candidate & c = cands[side][k];
+                    const float reach = base * factor[side][k];
                     auto it = seen.find(c.token);
                     if (it != seen.end()) {
-                        t.reach[it->second] = std::max(t.reach[it->second], base * c.prob);
+                        t.reach[it->second] = std::max(t.reach[it->second], reach);
                     } else {
-                        seen[c.token] = add(c.token, node, base * c.prob, f_moe);
+                        seen[c.token] = add(c.token, node, reach, f_moe);
                         added.push_back(seen[c.token]);
                     }
                 }

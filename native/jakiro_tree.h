@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "acceptance.h"
 #include "jakiro.h"
 
 namespace ls {
@@ -20,6 +21,10 @@ struct tree_shape {
     // Per depth d >= 1 (index d - 1): grow past depth d only while the likeliest node just
     // added there has a higher reach (the caller's cost model: what a node must be worth).
     std::vector<float> min_reach;
+    // With a head: a branch token's factor in the reach is the head's P(accepted) from the
+    // branch feature and the token's q, not q itself. CEPD's two steps keep q (the head learnt
+    // branch features only).
+    const acceptance_head * head = nullptr;
 };
 
 struct grown_tree {

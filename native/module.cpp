@@ -269,20 +269,26 @@ NB_MODULE(_native, m) {
             "grow_tree",
             [](ls::jakiro_model & j, vec_in<const float> u, vec_in<const float> experts,
                vec_in<const float> router, int32_t root_pos, int32_t width, int32_t branch,
-               int32_t max_nodes, bool cepd, vec_in<const float> min_reach) {
+               int32_t max_nodes, bool cepd, vec_in<const float> min_reach,
+               const ls::acceptance_head * head) {
                 const size_t d = size_t(j.hparams().d_model), N = size_t(j.hparams().n_experts);
                 if (u.shape(0) != d || experts.shape(0) != N * d || router.shape(0) != N) {
                     throw nb::value_error("grow_tree: u (d), experts (N * d), router (N) of one position");
                 }
                 if (width < 1 || branch < 1) throw nb::value_error("grow_tree: width and branch must be >= 1");
                 ls::tree_shape shape{width, branch, max_nodes, cepd,
-                                     std::vector<float>(min_reach.data(), min_reach.data() + min_reach.shape(0))};
+                                     std::vector<float>(min_reach.data(), min_reach.data() + min_reach.shape(0)),
+                                     head};
+                if (head && head->d_model() != j.hparams().d_model) {
+                    throw nb::value_error("grow_tree: the head reads features of another width");
+                }
                 ls::grown_tree t = ls::grow_jakiro_tree(j, u.data(), experts.data(), router.data(), root_pos, shape);
                 return nb::make_tuple(to_numpy(t.tokens), to_numpy(t.parents), to_numpy(t.reach), t.n_forwards);
             },
             "u"_a, "experts"_a, "router"_a, "root_pos"_a, "width"_a, "branch"_a, "max_nodes"_a,
-            "cepd"_a, "min_reach"_a,
-            "Algorithm 1's draft tree under the root at root_pos: (tokens, parents, reach, n_forwards).");
+            "cepd"_a, "min_reach"_a, "head"_a.none() = nb::none(),
+            "Algorithm 1's draft tree under the root at root_pos: (tokens, parents, reach, n_forwards); "
+            "with an acceptance head, branch tokens' reach uses its P(accepted).");
 
     nb::class_<ls::acceptance_head>(m, "AcceptanceHead")
         .def(

@@ -133,3 +133,49 @@ def test_draft_spec_options():
     for bad in ("m,heads=on", "m,head="):
         with pytest.raises(LocalspecError, match="bad draft option"):
             draft_options(bad)
+
+
+@pytest.fixture(scope="module")
+def jakiro_head(tmp_path_factory, small_path):
+    """(runtime path, GGUF path) of a head on the branch features of the Jakiro drafter that
+    ships for SmolLM2, trained on 20 short continuations of the test prompts."""
+    from localspec import store
+    out = tmp_path_factory.mktemp("jakiro-head")
+    drafter = store.shipped_drafter(small_path)
+    cfg = HeadTrainConfig(target=small_path, drafter=drafter, out=out, max_new=32, epochs=8, n_threads=2)
+    collect(cfg, PROMPTS)
+    return drafter, convert_checkpoint(train_head(cfg), out / "jakiro-head.gguf")
+
+
+def test_jakiro_head_on_branch_features(jakiro_head, small_path, small_model, target, reference):
+    """Data from the drafter's two branch features (teacher-forced on the target's), a head
+    that reads them, refused for a draft model of the same width and accepted by the runtime;
+    drafting with it keeps greedy output and builds every branch token's reach from it."""
+    from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime
+    from localspec.train.acceptance import PARTS
+    drafter_path, path = jakiro_head
+    meta, _ = read_head_gguf(path)
+    assert meta["drafter_kind"] == "jakiro" and meta["d_model"] == small_model.n_embd
+    f, q, y = load(path.parent / "data", "greedy", "train")
+    assert f.shape[1] == small_model.n_embd and 0 < y.mean() < 1 and ((q > 0) & (q <= 1)).all()
+    assert set(PARTS) == {"train", "validation", "held-out"}
+    with pytest.raises(LocalspecError, match="was made for"):
+        AcceptanceHead(path, small_model, small_model)  # same width, but a draft model's state
+    rt = JakiroRuntime(drafter_path, target.model, n_ctx=1024, n_threads=1)
+    head = AcceptanceHead(path, rt, target.model)
+    plain_rt = JakiroRuntime(drafter_path, target.model, n_ctx=1024, n_threads=1)
+    target.set_embeddings(True)
+    try:
+        with_head = JakiroDrafter(rt, Planner(CostCurve([0.1] * 16, 0), 8, max_nodes=5), head=head)
+        without = JakiroDrafter(plain_rt, Planner(CostCurve([0.1] * 16, 0), 8, max_nodes=5))
+        stats = {}
+        for name, d in (("head", with_head), ("q", without)):
+            stats[name] = SpecStats()
+            for p in PROMPTS[:4]:
+                out = speculative(target, d, target.model.tokenize(p), stats=stats[name], max_nodes=5)
+                assert out == reference[p], (name, p)
+    finally:
+        target.set_embeddings(False)
+    assert stats["head"].n_drafted > 0 and stats["head"].n_accepted > 0
+    # The head changes which nodes are kept: the two runs draft differently.
+    assert (stats["head"].n_drafted, stats["head"].n_accepted) != (stats["q"].n_drafted, stats["q"].n_accepted)

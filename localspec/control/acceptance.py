@@ -20,13 +20,16 @@ HEAD_SAMPLING = SamplingConfig(temperature=1.0)
 
 
 class AcceptanceHead:
-    def __init__(self, path: Path, draft: Model, target: Model):
+    def __init__(self, path: Path, draft, target: Model):
+        """`draft`: the draft Model (the head reads its hidden state) or a JakiroRuntime (the
+        head reads its branch features)."""
         meta, layers = read_head_gguf(path)
-        if meta["d_model"] != draft.n_embd or meta["tokenizer"] != tokenizer_hash(target):
+        kind, width = ("draft", draft.n_embd) if isinstance(draft, Model) else ("jakiro", draft.cfg.d_model)
+        if meta["d_model"] != width or meta["drafter_kind"] != kind or meta["tokenizer"] != tokenizer_hash(target):
             raise LocalspecError(
-                f"acceptance head {Path(path).name} was made for {meta['drafter']} drafting for "
-                f"{meta['target']} (hidden {meta['d_model']}, tokenizer {meta['tokenizer']}), not "
-                f"{draft.name} (hidden {draft.n_embd}) for {target.name}")
+                f"acceptance head {Path(path).name} was made for {meta['drafter']} ({meta['drafter_kind']}, "
+                f"hidden {meta['d_model']}) drafting for {meta['target']}, not {Path(draft.path).stem} "
+                f"({kind}, hidden {width}) for {target.name}")
         self.native = _native.AcceptanceHead(layers, meta["q_scale"])
 
     def probs(self, f: np.ndarray, rows: list[int], q: list[float]) -> np.ndarray:

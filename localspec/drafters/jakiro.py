@@ -46,12 +46,14 @@ class JakiroRuntime:
         return self.native.logits(np.ascontiguousarray(feats, np.float32))
 
     def grow_tree(self, outs, root_pos: int, width: int, branch: int, max_nodes: int,
-                  cepd: bool, min_reach: np.ndarray):
+                  cepd: bool, min_reach: np.ndarray, head=None):
         """Algorithm 1's tree (native) from layer outputs whose last row is the root's
-        predecessor's: (tokens, parents, reach, layer forwards)."""
+        predecessor's: (tokens, parents, reach, layer forwards). With an acceptance head,
+        branch tokens' reach is built from its P(accepted) instead of their q."""
         u, experts, router = (np.ascontiguousarray(x[-1], np.float32).ravel() for x in outs)
         return self.native.grow_tree(u, experts, router, root_pos, width, branch, max_nodes,
-                                     cepd, np.ascontiguousarray(min_reach, np.float32))
+                                     cepd, np.ascontiguousarray(min_reach, np.float32),
+                                     head.native if head else None)
 
     def truncate(self, n: int) -> None:
         self.native.truncate(n)
@@ -69,9 +71,10 @@ class JakiroDrafter:
     feature_window = 128  # prompt tokens whose target features seed the drafter's cache
 
     def __init__(self, runtime: JakiroRuntime, planner, width: int = 4, branch: int = 2,
-                 cepd: bool = True):
+                 cepd: bool = True, head=None):
         self.rt = runtime
-        self.name = f"jakiro:{runtime.path.stem}"
+        self.name = f"jakiro:{runtime.path.stem}" + ("+head" if head else "")
+        self.head = head  # an AcceptanceHead on branch features (reach is then calibrated)
         self.planner = planner
         self.width, self.branch, self.cepd = width, branch, cepd
         d = runtime.cfg.d_model
@@ -153,7 +156,8 @@ class JakiroDrafter:
 
     def propose(self, context: list[int], max_nodes: int) -> DraftTree:
         self.calibration.tick()
-        cal = self.calibration.value
+        # A head's reach is calibrated already; the drafter's own q gets the running ratio.
+        cal = 1.0 if self.head else self.calibration.value
         if max_nodes <= 0 or not self.planner.worth_drafting(min(1.0, cal), self.t_token, 0):
             return DraftTree.empty()
         t0 = time.perf_counter()
@@ -162,7 +166,8 @@ class JakiroDrafter:
             return DraftTree.empty()
         min_reach = [self.planner.min_reach(self.t_token, d) / cal for d in range(1, self.rt.cfg.gamma)]
         tokens, parents, reach, n_forwards = self.rt.grow_tree(
-            outs, len(context) - 1, self.width, self.branch, max_nodes, self.cepd, np.asarray(min_reach))
+            outs, len(context) - 1, self.width, self.branch, max_nodes, self.cepd, np.asarray(min_reach),
+            self.head)
         dt = (time.perf_counter() - t0) / (n_forwards + 1)
         self.t_token = dt if self.t_token == 0 else 0.8 * self.t_token + 0.2 * dt
         order, new_parents = rerank(parents.tolist(), reach.tolist(), max_nodes)

@@ -82,33 +82,126 @@ def collect(cfg: HeadTrainConfig, texts: list[str] | None = None) -> Path:
     prompts, or from `texts` (plain completions) when given."""
     data = cfg.out / "data"
     data.mkdir(parents=True, exist_ok=True)
-    target, draft = Model(cfg.target), Model(cfg.drafter)
+    target = Model(cfg.target)
+    n_ctx = cfg.max_prompt + cfg.max_new + 8
+    closing = [target]
     try:
-        check_same_vocabulary(target, draft)
-        n_ctx = cfg.max_prompt + cfg.max_new + 8
-        tctx = Context(target, ContextConfig(n_ctx=n_ctx, n_threads=cfg.n_threads, n_batch=n_ctx))
-        dctx = Context(draft, ContextConfig(n_ctx=n_ctx, n_threads=cfg.n_threads, n_batch=n_ctx,
-                                            embeddings=True))
+        if is_jakiro(cfg.drafter):
+            from localspec.drafters.jakiro import JakiroRuntime
+            rt = JakiroRuntime(cfg.drafter, target, n_ctx=n_ctx, n_threads=cfg.n_threads)
+            tctx = Context(target, ContextConfig(n_ctx=n_ctx, n_threads=cfg.n_threads, n_batch=n_ctx,
+                                                 embeddings=True))
+            closing.append(tctx)
+            sequence = lambda prompt, seed: _jakiro_sequence(tctx, rt, prompt, cfg, seed)  # noqa: E731
+            drafter_name, d_model, kind = cfg.drafter.stem, rt.cfg.d_model, "jakiro"
+        else:
+            draft = Model(cfg.drafter)
+            closing.append(draft)
+            check_same_vocabulary(target, draft)
+            tctx = Context(target, ContextConfig(n_ctx=n_ctx, n_threads=cfg.n_threads, n_batch=n_ctx))
+            dctx = Context(draft, ContextConfig(n_ctx=n_ctx, n_threads=cfg.n_threads, n_batch=n_ctx,
+                                                embeddings=True))
+            closing += [tctx, dctx]
+            sequence = lambda prompt, seed: _sequence(tctx, dctx, prompt, cfg, seed)  # noqa: E731
+            drafter_name, d_model, kind = draft.name, draft.n_embd, "draft"
         (cfg.out / "meta.json").write_text(json.dumps({
-            "target": target.name, "drafter": draft.name, "target_file": target.path.stem,
-            "drafter_file": draft.path.stem,
-            "tokenizer": tokenizer_hash(target), "d_model": draft.n_embd}))
+            "target": target.name, "drafter": drafter_name, "target_file": target.path.stem,
+            "drafter_file": cfg.drafter.stem, "drafter_kind": kind,
+            "tokenizer": tokenizer_hash(target), "d_model": d_model}))
         chosen = [target.tokenize(t) for t in texts] if texts else \
             prompts(target, cfg.n_sequences, cfg.max_prompt)
         todo = [(i, p) for i, p in enumerate(chosen)
                 if not (data / f"seq-{i:05d}.npz").exists()]
         with progress_bar("acceptance data", len(todo), unit="sequences") as advance:
             for i, prompt in todo:
-                rows = _sequence(tctx, dctx, prompt, cfg, seed=cfg.seed * 100_003 + i)
+                rows = sequence(prompt, cfg.seed * 100_003 + i)
                 if rows is not None:
                     tmp = data / f"seq-{i:05d}.partial.npz"
                     np.savez(tmp, **rows)
                     tmp.rename(data / f"seq-{i:05d}.npz")
                 advance(1)
-        tctx.close(), dctx.close()
     finally:
-        target.close(), draft.close()
+        for c in reversed(closing):
+            c.close()
     return data
+
+
+def is_jakiro(path: Path) -> bool:
+    """Whether the drafter file is a Jakiro drafter (else a draft model llama.cpp loads)."""
+    from localspec.convert import ARCH, _open
+    found = _open(path).get_field("general.architecture")
+    return found is not None and found.contents() == ARCH
+
+
+def _jakiro_sequence(tctx: Context, rt, prompt: list[int], cfg: HeadTrainConfig, seed: int):
+    """As _sequence, for a Jakiro drafter: the target's continuation y, then the mixed
+    sequence (half of y, half Jakiro's own tokens), and on it, per position, each of the two
+    branch features (u + e_a, u + e_b: what the tree reads and draft heads score) with its q
+    over the drafter's vocabulary. The drafter runs teacher-forced on the target's features
+    (depth 1 of a tree; deeper nodes read the drafter's own features, which this data does
+    not cover)."""
+    at_t1 = replace(HEAD_SAMPLING, seed=seed)
+    y = list(generate(tctx, prompt, cfg.max_new, at_t1, stop_at_eog=False))
+    n = len(y)
+    if n < 2 or len(prompt) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    draw = TokenSampler(at_t1)
+    ids = np.asarray(rt.draft_vocab)
+    branches, q_left, p_rows = _jakiro_branches(tctx, rt, prompt + y[:-1], n)
+    own = [int(ids[rng.choice(len(ids), p=q)]) for q in q_left]
+    mixed = [a if keep else b for a, b, keep in zip(y, own, rng.random(n) < 0.5)]
+    branches, _, p_rows = _jakiro_branches(tctx, rt, prompt + mixed[:-1], n)
+    feats, q_x, acc_sampled, acc_greedy = [], [], [], []
+    for j in range(n):
+        logits = tctx.logits(p_rows[j])
+        p_ids, p_probs = draw.distribution(logits)
+        p_top = int(np.argmax(logits))
+        for f in branches[j]:
+            q = _softmax(rt.logits(f[None])[0])
+            for i in (int(np.argmax(q)), int(rng.choice(len(q), p=q))):
+                x = int(ids[i])
+                p = float(p_probs[p_ids == x][0]) if (p_ids == x).any() else 0.0
+                feats.append(f.astype(np.float16))
+                q_x.append(float(q[i]))
+                acc_sampled.append(min(1.0, p / float(q[i])))
+                acc_greedy.append(float(x == p_top))
+    return {"feats": np.stack(feats), "q": np.asarray(q_x, np.float32),
+            "sampled": np.asarray(acc_sampled, np.float32), "greedy": np.asarray(acc_greedy, np.float32)}
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits.astype(np.float64) - logits.max())
+    return e / e.sum()
+
+
+def _jakiro_branches(tctx: Context, rt, seq: list[int], n: int):
+    """Decode seq (prompt + the continuation's first n - 1 tokens) with the target, then run
+    the drafter over the last positions as drafting would (a cache seeded with up to
+    `feature_window` positions before). Returns, per continuation token j: its two branch
+    features, the first branch's q, and the target's batch row whose logits predict it."""
+    from localspec.drafters.jakiro import JakiroDrafter
+    P = len(seq) - n + 1  # the continuation's first position
+    first_pos = max(0, P - 2 - JakiroDrafter.feature_window)
+    m = len(seq) - first_pos
+    first_row = _rows(tctx, seq, m)  # outputs for positions first_pos..len(seq) - 1
+    # Row of position p: first_row + p - first_pos. Drafter position p reads p's feature and
+    # the token at p + 1 and predicts p + 2; the continuation's token j sits at P + j.
+    pos = np.arange(first_pos, len(seq) - 1)
+    feats = np.stack([tctx.hidden(first_row + p - first_pos) for p in pos])
+    rt.truncate(0)
+    mask = np.triu(np.full((len(pos), len(pos)), -np.inf, np.float32), 1)
+    u, experts, router = rt.layer(feats, [seq[p + 1] for p in pos], pos, mask)
+    rt.truncate(0)
+    branches, q_left, p_rows = [], [], []
+    for j in range(n):
+        r = P + j - 2 - first_pos
+        a, b = np.argsort(-router[r], kind="stable")[:2] if router.shape[1] > 1 else (0, 0)
+        pair = (u[r] + experts[r, a], u[r] + experts[r, b])
+        branches.append(pair)
+        q_left.append(_softmax(rt.logits(pair[0][None])[0]))
+        p_rows.append(first_row + (P + j - 1) - first_pos)
+    return branches, q_left, p_rows
 
 
 def _sequence(tctx: Context, dctx: Context, prompt: list[int], cfg: HeadTrainConfig, seed: int):
