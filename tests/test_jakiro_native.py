@@ -229,10 +229,11 @@ def test_drafter_options_full_vocabulary_and_refusals(drafter, small_model):
     from localspec.session import jakiro_options
     net, path = drafter
     assert jakiro_options(f"{path},width=1,cepd=off,vocab=full") == \
-        (path, {"vocab": "full", "cepd": False, "width": 1})
+        (path, {"vocab": "full", "cepd": False, "width": 1, "head": "auto"})
     assert short_label(f"jakiro:{path},cepd=off") == f"jakiro:{path.stem},cepd=off"
-    assert jakiro_options(",branch=1") == (None, {"vocab": "draft", "cepd": True, "branch": 1})
-    for bad in ("width=0", "depth=3", "cepd=maybe", "vocab=half"):
+    assert jakiro_options(",branch=1,head=off") == \
+        (None, {"vocab": "draft", "cepd": True, "branch": 1, "head": "off"})
+    for bad in ("width=0", "depth=3", "cepd=maybe", "vocab=half", "head="):
         with pytest.raises(LocalspecError, match="bad Jakiro option"):
             jakiro_options(f"{path},{bad}")
     full = JakiroRuntime(path, small_model, n_ctx=16, n_threads=2, full_vocab=True)
