@@ -120,6 +120,12 @@ def _config(reader: GGUFReader, path: Path) -> JakiroConfig:
     return JakiroConfig(**values, draft_vocab=[] if full else d2t.tolist())
 
 
+def is_jakiro(path: Path) -> bool:
+    """Whether a GGUF is a Jakiro drafter (else, say, a draft model llama.cpp loads)."""
+    found = _open(path).get_field("general.architecture")
+    return found is not None and found.contents() == ARCH
+
+
 def read_config(path: Path) -> JakiroConfig:
     """A Jakiro GGUF's config (metadata and draft vocabulary) without its weights."""
     return _config(_open(path), path)

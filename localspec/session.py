@@ -205,8 +205,9 @@ def draft_options(arg: str) -> tuple[str, str]:
     return name, head
 
 
+# Per option: int (a count >= 1), str (any non-empty value) or the values allowed.
 JAKIRO_OPTIONS = {"width": int, "branch": int, "cepd": ("on", "off"), "vocab": ("draft", "full"),
-                  "head": None}
+                  "head": str}
 
 
 def jakiro_options(arg: str) -> tuple[Path | None, dict]:
@@ -221,7 +222,7 @@ def jakiro_options(arg: str) -> tuple[Path | None, dict]:
         key, _, value = pair.partition("=")
         allowed = JAKIRO_OPTIONS.get(key, ())
         ok = (value.isdigit() and int(value) >= 1 if allowed is int else
-              bool(value) if allowed is None and key in JAKIRO_OPTIONS else value in allowed)
+              bool(value) if allowed is str else value in allowed)
         if not ok:
             raise LocalspecError(f"bad Jakiro option '{pair}' (width=N, branch=N, cepd=on|off, "
                                  "vocab=draft|full, head=FILE|on|off)")

@@ -47,7 +47,8 @@ mixed_rows mix(const jakiro_hparams & hp, const float * u, const float * experts
 
 struct candidate {
     int32_t token;  // target id
-    float prob;     // under the drafter, softmax at T = 1 over the draft vocabulary
+    float prob;     // under the drafter, softmax at T = 1 over the draft vocabulary (or, with
+                    // an acceptance head, its P(accepted))
 };
 
 // The k likeliest tokens of each row of head logits (rows × V), best first.
@@ -107,21 +108,19 @@ grown_tree grow_jakiro_tree(jakiro_model & model, const float * u, const float *
         const std::vector<float> & second = cepd ? x.ctr : x.right;
         if (!single) rows.insert(rows.end(), second.begin(), second.end());
         const int32_t n_rows = single ? m : 2 * m;
-        const auto cands = top_k(model.logits(rows.data(), n_rows), n_rows, per_row, model.draft_vocab());
-        // Each candidate's factor in its reach: q, or the head's P(accepted) of it.
-        std::vector<std::vector<float>> factor(n_rows);
-        for (int32_t r = 0; r < n_rows; ++r) {
-            for (const candidate & c : cands[r]) factor[r].push_back(c.prob);
-        }
+        auto cands = top_k(model.logits(rows.data(), n_rows), n_rows, per_row, model.draft_vocab());
         if (shape.head && !cepd) {
+            // From here on a candidate's prob is the head's P(accepted), read from its branch
+            // feature (row r of `rows`) and its q.
             std::vector<int32_t> row_of;
             std::vector<float> q;
             for (int32_t r = 0; r < n_rows; ++r) {
                 for (const candidate & c : cands[r]) row_of.push_back(r), q.push_back(c.prob);
             }
             const std::vector<float> acc = shape.head->probs(rows.data(), row_of.data(), q.data(), int32_t(q.size()));
-            for (size_t i = 0, r = 0; r < size_t(n_rows); ++r) {
-                for (float & f : factor[r]) f = acc[i++];
+            size_t i = 0;
+            for (auto & row : cands) {
+                for (candidate & c : row) c.prob = acc[i++];
             }
         }
 
@@ -144,14 +143,12 @@ grown_tree grow_jakiro_tree(jakiro_model & model, const float * u, const float *
             std::unordered_map<int32_t, int32_t> seen;  // token -> node: both experts chose it
             for (int32_t side : {r, m + r}) {
                 if (side >= n_rows) break;
-                for (size_t k = 0; k < cands[side].size(); ++k) {
-                    const candidate & c = cands[side][k];
-                    const float reach = base * factor[side][k];
+                for (const candidate & c : cands[side]) {
                     auto it = seen.find(c.token);
                     if (it != seen.end()) {
-                        t.reach[it->second] = std::max(t.reach[it->second], reach);
+                        t.reach[it->second] = std::max(t.reach[it->second], base * c.prob);
                     } else {
-                        seen[c.token] = add(c.token, node, reach, f_moe);
+                        seen[c.token] = add(c.token, node, base * c.prob, f_moe);
                         added.push_back(seen[c.token]);
                     }
                 }

@@ -15,8 +15,8 @@ acceptance), then hill-climbs K on the best one not yet at a known maximum; what
 carries over, so the climb goes on across test phases. A drafter whose trials stay clearly
 below 1 (by more than `converge`) sits out 1, 3, 7, ... test phases (its own back-off), and
 a drafter for which the cost curve predicts no paying K (predict_k = 0: its drafting and
-catching-up time outweigh what its acceptance can gain) loses without a trial until its back-off is long, so a drafter that
-never pays costs almost nothing to keep in the set.
+catching-up time outweigh what its acceptance can gain) loses without a trial until its
+back-off is long, so a drafter that never pays costs almost nothing to keep in the set.
 
 Pure logic: the caller reports each iteration's tokens and seconds, so it runs the same on
 simulated utility landscapes and on the engine."""

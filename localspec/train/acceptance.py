@@ -18,6 +18,7 @@ eight train, one decides early stopping and one is held out for the calibration 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -27,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from localspec.control.acceptance import HEAD_SAMPLING
+from localspec.convert import is_jakiro
 from localspec.drafters.draft_model import check_same_vocabulary
 from localspec.engine import Context, Model
 from localspec.engine.context import ContextConfig
@@ -92,7 +94,7 @@ def collect(cfg: HeadTrainConfig, texts: list[str] | None = None) -> Path:
             tctx = Context(target, ContextConfig(n_ctx=n_ctx, n_threads=cfg.n_threads, n_batch=n_ctx,
                                                  embeddings=True))
             closing.append(tctx)
-            sequence = lambda prompt, seed: _jakiro_sequence(tctx, rt, prompt, cfg, seed)  # noqa: E731
+            sequence = functools.partial(_jakiro_sequence, tctx, rt, cfg=cfg)
             drafter_name, d_model, kind = cfg.drafter.stem, rt.cfg.d_model, "jakiro"
         else:
             draft = Model(cfg.drafter)
@@ -102,7 +104,7 @@ def collect(cfg: HeadTrainConfig, texts: list[str] | None = None) -> Path:
             dctx = Context(draft, ContextConfig(n_ctx=n_ctx, n_threads=cfg.n_threads, n_batch=n_ctx,
                                                 embeddings=True))
             closing += [tctx, dctx]
-            sequence = lambda prompt, seed: _sequence(tctx, dctx, prompt, cfg, seed)  # noqa: E731
+            sequence = functools.partial(_sequence, tctx, dctx, cfg=cfg)
             drafter_name, d_model, kind = draft.name, draft.n_embd, "draft"
         (cfg.out / "meta.json").write_text(json.dumps({
             "target": target.name, "drafter": drafter_name, "target_file": target.path.stem,
@@ -114,7 +116,7 @@ def collect(cfg: HeadTrainConfig, texts: list[str] | None = None) -> Path:
                 if not (data / f"seq-{i:05d}.npz").exists()]
         with progress_bar("acceptance data", len(todo), unit="sequences") as advance:
             for i, prompt in todo:
-                rows = sequence(prompt, cfg.seed * 100_003 + i)
+                rows = sequence(prompt, seed=cfg.seed * 100_003 + i)
                 if rows is not None:
                     tmp = data / f"seq-{i:05d}.partial.npz"
                     np.savez(tmp, **rows)
@@ -124,13 +126,6 @@ def collect(cfg: HeadTrainConfig, texts: list[str] | None = None) -> Path:
         for c in reversed(closing):
             c.close()
     return data
-
-
-def is_jakiro(path: Path) -> bool:
-    """Whether the drafter file is a Jakiro drafter (else a draft model llama.cpp loads)."""
-    from localspec.convert import ARCH, _open
-    found = _open(path).get_field("general.architecture")
-    return found is not None and found.contents() == ARCH
 
 
 def _jakiro_sequence(tctx: Context, rt, prompt: list[int], cfg: HeadTrainConfig, seed: int):
@@ -148,17 +143,16 @@ def _jakiro_sequence(tctx: Context, rt, prompt: list[int], cfg: HeadTrainConfig,
     rng = np.random.default_rng(seed)
     draw = TokenSampler(at_t1)
     ids = np.asarray(rt.draft_vocab)
-    branches, q_left, p_rows = _jakiro_branches(tctx, rt, prompt + y[:-1], n)
-    own = [int(ids[rng.choice(len(ids), p=q)]) for q in q_left]
+    _, q_branches, _ = _jakiro_branches(tctx, rt, prompt + y[:-1], n)
+    own = [int(ids[rng.choice(len(ids), p=q)]) for q in q_branches[:, 0]]
     mixed = [a if keep else b for a, b, keep in zip(y, own, rng.random(n) < 0.5)]
-    branches, _, p_rows = _jakiro_branches(tctx, rt, prompt + mixed[:-1], n)
+    branches, q_branches, p_rows = _jakiro_branches(tctx, rt, prompt + mixed[:-1], n)
     feats, q_x, acc_sampled, acc_greedy = [], [], [], []
     for j in range(n):
         logits = tctx.logits(p_rows[j])
         p_ids, p_probs = draw.distribution(logits)
         p_top = int(np.argmax(logits))
-        for f in branches[j]:
-            q = _softmax(rt.logits(f[None])[0])
+        for f, q in zip(branches[j], q_branches[j]):
             for i in (int(np.argmax(q)), int(rng.choice(len(q), p=q))):
                 x = int(ids[i])
                 p = float(p_probs[p_ids == x][0]) if (p_ids == x).any() else 0.0
@@ -171,15 +165,17 @@ def _jakiro_sequence(tctx: Context, rt, prompt: list[int], cfg: HeadTrainConfig,
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
-    e = np.exp(logits.astype(np.float64) - logits.max())
-    return e / e.sum()
+    """Over the last axis, at T = 1 (what the tree's candidates carry as q)."""
+    e = np.exp(logits.astype(np.float64) - logits.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 def _jakiro_branches(tctx: Context, rt, seq: list[int], n: int):
     """Decode seq (prompt + the continuation's first n - 1 tokens) with the target, then run
     the drafter over the last positions as drafting would (a cache seeded with up to
     `feature_window` positions before). Returns, per continuation token j: its two branch
-    features, the first branch's q, and the target's batch row whose logits predict it."""
+    features (n, 2, d), their q over the drafter's vocabulary (n, 2, V), and the target's
+    batch row whose logits predict it."""
     from localspec.drafters.jakiro import JakiroDrafter
     P = len(seq) - n + 1  # the continuation's first position
     first_pos = max(0, P - 2 - JakiroDrafter.feature_window)
@@ -193,15 +189,12 @@ def _jakiro_branches(tctx: Context, rt, seq: list[int], n: int):
     mask = np.triu(np.full((len(pos), len(pos)), -np.inf, np.float32), 1)
     u, experts, router = rt.layer(feats, [seq[p + 1] for p in pos], pos, mask)
     rt.truncate(0)
-    branches, q_left, p_rows = [], [], []
-    for j in range(n):
-        r = P + j - 2 - first_pos
-        a, b = np.argsort(-router[r], kind="stable")[:2] if router.shape[1] > 1 else (0, 0)
-        pair = (u[r] + experts[r, a], u[r] + experts[r, b])
-        branches.append(pair)
-        q_left.append(_softmax(rt.logits(pair[0][None])[0]))
-        p_rows.append(first_row + (P + j - 1) - first_pos)
-    return branches, q_left, p_rows
+    rows = np.arange(n) + P - 2 - first_pos  # the drafter's row predicting token j
+    top2 = np.argsort(-router[rows], axis=1, kind="stable")[:, :2] if router.shape[1] > 1 else \
+        np.zeros((n, 2), int)
+    branches = u[rows, None] + experts[rows[:, None], top2]  # (n, 2, d): u + e_a, u + e_b
+    q = _softmax(rt.logits(branches.reshape(2 * n, -1))).reshape(n, 2, -1)
+    return branches, q, first_row + rows + 1
 
 
 def _sequence(tctx: Context, dctx: Context, prompt: list[int], cfg: HeadTrainConfig, seed: int):
