@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import gzip
 import functools
-import inspect
+import importlib.util
 import itertools
 import json
 import textwrap
@@ -41,11 +41,22 @@ EDIT_SOURCES = ["textwrap", "shlex", "difflib", "calendar", "fractions", "statis
                 "heapq", "bisect", "colorsys", "quopri", "uu", "netrc", "plistlib", "mimetypes"]
 
 
-def _functions(module_name: str, min_lines: int = 10, max_lines: int = 35) -> list[tuple[str, str]]:
+def edit_source_files() -> dict[str, Path]:
+    """The source file of each EDIT_SOURCES module this Python has, found without importing it
+    (importing some, `uu` among them, warns of their removal)."""
+    files = {}
+    for name in EDIT_SOURCES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin and spec.origin.endswith(".py"):
+            files[name] = Path(spec.origin)
+    return files
+
+
+def _functions(module_name: str, path: Path, min_lines: int = 10,
+               max_lines: int = 35) -> list[tuple[str, str]]:
     try:
-        module = __import__(module_name, fromlist=["_"])
-        source = inspect.getsource(module)
-    except (ImportError, OSError, TypeError):
+        source = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
         return []
     found = []
     for node in ast.parse(source).body:
@@ -56,7 +67,7 @@ def _functions(module_name: str, min_lines: int = 10, max_lines: int = 35) -> li
 
 def code_edit(limit: int = 30) -> list[Prompt]:
     """Chat prompts asking to rewrite a real function (the answer copies much of it)."""
-    functions = [f for m in EDIT_SOURCES for f in _functions(m)]
+    functions = [f for m, path in edit_source_files().items() for f in _functions(m, path)]
     # Round-robin over modules so a short workload still spans many sources.
     by_module: dict[str, list] = {}
     for name, src in functions:

@@ -6,7 +6,6 @@ last N_SHAREGPT_EVAL conversations, and the modules the code-edit workload is bu
 from __future__ import annotations
 
 import itertools
-import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
-from localspec.bench.workloads import EDIT_SOURCES, N_SHAREGPT_TRAIN, sharegpt_conversations
+from localspec.bench.workloads import N_SHAREGPT_TRAIN, edit_source_files, sharegpt_conversations
 from localspec.engine.model import Model
 from localspec.engine.text import render_chat
 
@@ -77,7 +76,7 @@ def python_sources() -> list[Path]:
     minus evaluation data and the code-edit workload's modules."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     site = Path(sysconfig.get_paths()["purelib"])
-    edit_files = {str(Path(sys.modules[m].__file__).resolve()) for m in _imported(EDIT_SOURCES)}
+    edit_files = {str(path.resolve()) for path in edit_source_files().values()}
     files = []
     for root in (stdlib, site):
         for path in sorted(root.rglob("*.py")):
@@ -89,16 +88,6 @@ def python_sources() -> list[Path]:
                 files.append(path)
     return files
 
-
-def _imported(names: list[str]) -> list[str]:
-    out = []
-    for name in names:
-        try:
-            __import__(name)
-            out.append(name)
-        except ImportError:
-            pass
-    return out
 
 
 def code_examples(model: Model, max_tokens: int, min_tokens: int = 64) -> Iterator[Example]:
