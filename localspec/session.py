@@ -111,8 +111,9 @@ class Session:
                 self.ctx.set_embeddings(True)
                 rt = JakiroRuntime(path, self.model, self.cfg.n_ctx, self.cfg.threads,
                                    full_vocab=opts.pop("vocab") == "full")
-                head = self.acceptance_head(opts.pop("head"), rt, sampling) if not k else None
-                d = JakiroDrafter(rt, planner, **opts, head=head)
+                head = opts.pop("head")  # a static K drafts all K: nothing for a head to cut
+                d = JakiroDrafter(rt, planner, **opts,
+                                  head=None if k else self.acceptance_head(head, rt, sampling))
             else:
                 raise LocalspecError(f"unknown drafter '{spec}' (none, auto[:D+D...], lookup, "
                                      "draft[:MODEL], draft-tree[:MODEL], jakiro[:FILE][,OPTION=VALUE...], "

@@ -231,6 +231,18 @@ def test_shipped_smollm2_drafter_decodes_like_plain(small_path, small_model):
     assert stats.n_accepted > 50, stats.summary()
 
 
+def test_static_k_jakiro_from_the_command_line(small_path, capsys):
+    """`jakiro@K` (no acceptance head: a static K drafts all K) loads the shipped drafter and
+    decodes like plain on one thread."""
+    args = ["generate", "-m", str(small_path), "--threads", "1", "--max-tokens", "24",
+            "def fibonacci(n):\n", "--drafter"]
+    assert main(args + ["none"]) == 0
+    plain = capsys.readouterr().out
+    for spec in ("jakiro@2", "jakiro,head=off,width=2@3"):
+        assert main(args + [spec]) == 0
+        assert capsys.readouterr().out == plain, spec
+
+
 def test_jakiro_sampling_keeps_the_targets_distribution(tiny_run, small_model):
     """T = 1: the sixth token after a prompt, over many seeds, drawn with and without the
     drafter: a chi-square test of the two samples (the drafts are deterministic trees, which
