@@ -88,7 +88,7 @@ class Session:
             if kind == "auto":
                 from localspec.drafters.auto import AutoDrafter
                 members = arg.split("+") if arg else self.available_drafters(sampling)
-                d = AutoDrafter({m: self.drafter(m, sampling) for m in members}, self.curve)
+                d = AutoDrafter({m: self.drafter(m, sampling) for m in members}, planner)
             elif kind == "lookup":
                 from localspec.drafters.lookup import LookupDrafter
                 d = LookupDrafter()

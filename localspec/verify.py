@@ -60,6 +60,18 @@ class DraftTree:
         has[self.parents[self.parents >= 0]] = True
         return has
 
+    def walk(self, tokens) -> tuple[int, bool]:
+        """How far `tokens` (what followed the root) run down the tree: the nodes matched, and
+        whether that is final (a token left the tree, or a leaf was reached) rather than
+        waiting on tokens still to come. Greedy verification accepts exactly those nodes."""
+        node, n = -1, 0
+        for token in tokens:
+            children = np.flatnonzero((self.parents == node) & (self.tokens == token))
+            if len(children) == 0:
+                return n, True
+            node, n = int(children[0]), n + 1
+        return n, not (self.parents == node).any()
+
     def n_leaves(self) -> int:
         return int((~self.has_child()).sum())
 

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LS=".venv/bin/localspec"
-OUT=docs/bench/cascade
+OUT=${OUT:-docs/bench/cascade}  # another folder for a later run (OUT=docs/bench/cascade/run4)
 mkdir -p $OUT
 # Static K for lookup at 1, 2, 3, 4, 8; for the draft model at 2, 4, 8 only: on this CPU it is
 # far below plain at every K (0.3-0.65x in the first run, K = 1 the worst), and its runs are slow.

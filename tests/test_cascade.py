@@ -1,6 +1,7 @@
 """The Cascade controller on simulated utility landscapes (each arm's utility a function of
 the iteration), then `auto` on a real model: output identical to plain decoding."""
 
+import numpy as np
 import pytest
 
 from localspec.control.cascade import PLAIN, Cascade, CascadeConfig
@@ -9,20 +10,26 @@ from localspec.drafters.auto import AutoDrafter
 from localspec.drafters.draft_model import DraftModelDrafter
 from localspec.drafters.lookup import LookupDrafter
 from localspec.engine import Model
+from localspec.verify import DraftTree
 
 from test_speculative import FLAT, GREEDY, PROMPTS, speculative
 
 T_BASE = 0.05  # seconds per plain iteration
 
 
-def simulate(cascade: Cascade, utility, n: int) -> list:
+def simulate(cascade: Cascade, utility, n: int, watched: tuple[str, ...] = ()) -> list:
     """Run n iterations: a plain one emits a token in T_BASE; arm (d, K) costs
-    T_BASE * (1 + K / 4) and emits utility * cost / T_BASE tokens. Returns the arms run."""
+    T_BASE * (1 + K / 4) and emits utility * cost / T_BASE tokens. On plain iterations the
+    `watched` drafters report what their arm at its starting K would have done. Returns the
+    arms run."""
     arms = []
     for i in range(n):
         arm = cascade.next_arm()
         arms.append(arm)
         if arm == PLAIN:
+            for d in watched:
+                cost = 1 + cascade.k_start(d) / 4
+                cascade.shadow(d, utility((d, cascade.k_start(d)), i) * cost, cost)
             cascade.record(1, T_BASE)
         else:
             seconds = T_BASE * (1 + arm[1] / 4)
@@ -92,6 +99,39 @@ def test_a_near_miss_is_tried_again_next_phase():
     assert set_phases(cascade)[0][0] == PLAIN and first_set < 60
 
 
+def test_a_watched_drafter_ends_a_plain_set_phase_once_it_would_pay():
+    """Prompt lookup drafts for free, so while plain decoding runs its proposals are checked
+    against what plain decoding emits; once they would clearly pay, the plain set phase ends
+    and lookup is tried. A code-edit answer opens with new prose (lookup loses: it backs off)
+    and then copies the prompt's code (lookup wins)."""
+    def first_lookup_set_after(change: int, watched: tuple[str, ...]) -> int:
+        cascade = Cascade(["lookup"], predict_k=lambda d: 2)
+        arms = simulate(cascade, lambda arm, i: 0.6 if i < change else 1.5, 400, watched)
+        return next(i for i, (a, row) in enumerate(zip(arms, cascade.trace))
+                    if i >= change and row.phase == "set" and a != PLAIN)
+
+    assert first_lookup_set_after(40, ("lookup",)) < 40 + 16
+    assert first_lookup_set_after(40, ()) > 40 + 32  # unwatched, the back-off runs its course
+
+
+def test_watching_a_drafter_that_never_pays_changes_nothing():
+    cascade = Cascade(["lookup", "draft"], predict_k=lambda d: 4)
+    arms = simulate(cascade, lambda arm, i: 0.6, 1000, watched=("lookup",))
+    assert sum(a != PLAIN for a in arms) / len(arms) < 0.05
+
+
+def test_a_proposal_is_scored_by_how_far_the_text_went_along_it():
+    #        0    1    2    3     tokens; node 3 is a second child of the root
+    tree = DraftTree(np.array([5, 6, 7, 8]), np.array([-1, 0, 1, -1]), np.ones(4))
+    assert tree.walk([]) == (0, False)
+    assert tree.walk([5, 6]) == (2, False)   # waiting: node 2 may match next
+    assert tree.walk([5, 6, 7, 1]) == (3, True)  # a leaf
+    assert tree.walk([5, 9]) == (1, True)
+    assert tree.walk([8]) == (1, True)
+    assert tree.walk([4]) == (0, True)
+    assert DraftTree.empty().walk([1]) == (0, True)
+
+
 def test_a_drafter_predicted_not_to_pay_is_tried_rarely():
     """A drafter for which the cost curve predicts no paying K (predict_k = 0) loses without
     trials until its back-off is long; then it is explored again."""
@@ -117,7 +157,7 @@ def test_auto_greedy_identical_to_plain(target, reference, small_path):
                     "draft": DraftModelDrafter(dm, target.model, GREEDY, Planner(FLAT, 8), n_threads=1)}
         # No prediction gate (explore_after=0): SmolLM2 drafting for itself costs as much as the
         # target, so the cost curve would keep it out, and this test wants every arm to run.
-        auto = AutoDrafter(drafters, FLAT, CascadeConfig(explore_after=0))
+        auto = AutoDrafter(drafters, Planner(FLAT, 8), CascadeConfig(explore_after=0))
         used = set()
         for p in PROMPTS[:12]:  # enough for every arm to run; the suite stays short
             auto.new_request()

@@ -17,6 +17,10 @@ below 1 (by more than `converge`) sits out 1, 3, 7, ... test phases (its own bac
 a drafter for which the cost curve predicts no paying K (predict_k = 0: its drafting and
 catching-up time outweigh what its acceptance can gain) loses without a trial until its
 back-off is long, so a drafter that never pays costs almost nothing to keep in the set.
+A drafter that drafts for free (prompt lookup) is also watched while plain decoding runs:
+the caller reports what its proposals would have emitted and cost (`shadow`), and once they
+clearly pay the plain set phase ends and the drafter is back in the next test phase (an
+answer that opens with new prose and then copies the prompt's code).
 
 Pure logic: the caller reports each iteration's tokens and seconds, so it runs the same on
 simulated utility landscapes and on the engine."""
@@ -92,6 +96,13 @@ class Cascade:
     def next_arm(self) -> Arm:
         return self.arm
 
+    def shadow(self, drafter: str, tokens: int, cost: float) -> None:
+        """Had `drafter` run the last decided plain iteration, it would have emitted `tokens`
+        for `cost` plain iterations' time (its proposal checked against what plain decoding
+        emitted: greedy verification would have accepted exactly the matching nodes; at T > 0
+        the match has the acceptance's distribution for a deterministic draft)."""
+        self._shadows.setdefault(drafter, []).append((tokens, cost))
+
     def record(self, tokens: int, seconds: float) -> None:
         """The iteration run with `next_arm()` emitted `tokens` in `seconds`."""
         self.iteration += 1
@@ -104,11 +115,14 @@ class Cascade:
         """Run `arm` for n iterations; return their utility (and refresh the baseline on
         plain ones)."""
         self._phase, self._span = phase, self._span + 1
+        self._shadows: dict[str, list[tuple[int, float]]] = {}
         tokens = seconds = 0.0
         first = len(self.trace)
         for _ in range(n):
             t, s = yield arm
             tokens, seconds = tokens + t, seconds + s
+            if arm == PLAIN and phase == "set" and self._woken():
+                break
         if arm == PLAIN and tokens:
             self.t_base, self.base_at = seconds / tokens, self.iteration
         u = tokens / seconds * self.t_base if seconds > 0 else 0.0
@@ -167,6 +181,17 @@ class Cascade:
             return PLAIN
         self.set_len = cfg.set_len
         return best
+
+    def _woken(self) -> bool:
+        """Did a watched drafter's last `trial` shadow iterations of this phase clearly pay
+        (by `converge`, as a trial would have to)? Then its back-off is over."""
+        n = self.cfg.trial
+        for d, rows in self._shadows.items():
+            if len(rows) >= n and sum(t for t, _ in rows[-n:]) >= \
+                    (1.0 + self.cfg.converge) * sum(c for _, c in rows[-n:]):
+                self.memory[d].skip = self.memory[d].losses = 0
+                return True
+        return False
 
     def _lose(self, m: _DrafterMemory) -> None:
         m.losses += 1

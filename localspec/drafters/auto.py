@@ -5,7 +5,11 @@ between them and the tokens the context grew by, which is everything the iterati
 (drafting, verification, sampling) and everything it emitted — except the time a drafter
 switched in spends catching up with the context it missed while others ran: that is paid once
 per switch, not per iteration, so it is left out of the trial's utility and charged instead in
-the prediction that decides whether the drafter gets a trial at all."""
+the prediction that decides whether the drafter gets a trial at all.
+
+Drafters that draft for free (prompt lookup) are watched while plain decoding runs: each plain
+iteration they propose as if their arm ran, and once the context shows how far plain decoding
+went along that proposal, Cascade hears what the arm would have emitted and cost (`shadow`)."""
 
 from __future__ import annotations
 
@@ -14,17 +18,18 @@ import time
 import numpy as np
 
 from localspec.control.cascade import PLAIN, Cascade, CascadeConfig
+from localspec.control.planner import Planner
 from localspec.drafters import DecayingRatio, Drafter
-from localspec.engine.cost import CostCurve
 from localspec.verify import DraftTree, Verdict
 
 
 class AutoDrafter:
-    def __init__(self, drafters: dict[str, Drafter], curve: CostCurve,
+    def __init__(self, drafters: dict[str, Drafter], planner: Planner,
                  cfg: CascadeConfig = CascadeConfig()):
         self.name = "auto(" + "+".join(drafters) + ")"
         self.drafters = drafters
-        self.curve = curve
+        self.planner = planner  # sizes the proposals of watched drafters as the loop would
+        self.curve = planner.curve
         # Per drafter, accepted / drafted tokens: the cost curve turns it into a starting K.
         self.acceptance = {d: DecayingRatio(prior=0.5, decay=1.0) for d in drafters}
         self.cascade = Cascade(drafters, cfg, self.predict_k)
@@ -34,6 +39,8 @@ class AutoDrafter:
         self._last: tuple[int, float] | None = None  # context length and time at the last proposal
         self._context: list[int] = []
         self._excluded = 0.0  # catch-up seconds of this iteration's drafter switching in
+        self.watched = [n for n, d in drafters.items() if not hasattr(d, "drafting_seconds")]
+        self._shadows: list[tuple[str, int, DraftTree]] = []  # (drafter, context length, proposal)
 
     @property
     def requests(self) -> list:
@@ -43,10 +50,12 @@ class AutoDrafter:
     def new_request(self) -> None:
         self.cascade.new_request()
         self._last = None
+        self._shadows = []
 
     def propose(self, context: list[int], max_nodes: int) -> DraftTree:
         now = time.perf_counter()
         self._context = context
+        self._score_shadows(context)
         previous = self.cascade.next_arm()[0]
         if self._last is not None:
             self.cascade.record(len(context) - self._last[0], now - self._last[1] - self._excluded)
@@ -54,11 +63,25 @@ class AutoDrafter:
         name, k = self.cascade.next_arm()
         self._excluded = 0.0
         if (name, k) == PLAIN:
+            for w in self.watched:
+                proposal = self.drafters[w].propose(context, self.cascade.k_start(w))
+                self._shadows.append((w, len(context), self.planner.size(proposal)))
             return DraftTree.empty()
         tree = self.drafters[name].propose(context, min(max_nodes, k))
         if name != previous:
             self._excluded = getattr(self.drafters[name], "t_catch_up", 0.0)
         return tree
+
+    def _score_shadows(self, context: list[int]) -> None:
+        """Report to Cascade each watched proposal whose outcome the context now decides."""
+        waiting = []
+        for name, start, tree in self._shadows:
+            n, final = tree.walk(context[start:])
+            if final:
+                self.cascade.shadow(name, 1 + n, self.curve.cost(1 + len(tree)) / self.curve.cost(1))
+            else:
+                waiting.append((name, start, tree))
+        self._shadows = waiting
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
         name = self.cascade.next_arm()[0]  # still this iteration's: it is recorded next proposal
