@@ -1,7 +1,10 @@
 """Seconds `auto` spends per plain iteration outside the target: the controller alone, and with
 prompt lookup watched (its proposal, the planner and the walk), on a 300-token context whose
 text repeats itself a third of the time. The cost curve is the 1.5B's on the AVX-512 machine."""
-import time, numpy as np
+import time
+
+import numpy as np
+
 from localspec.control.cascade import CascadeConfig
 from localspec.control.planner import Planner
 from localspec.drafters.auto import AutoDrafter

@@ -28,8 +28,8 @@ def simulate(cascade: Cascade, utility, n: int, watched: tuple[str, ...] = ()) -
         arms.append(arm)
         if arm == PLAIN:
             for d in watched:
-                cost = 1 + cascade.k_start(d) / 4
-                cascade.shadow(d, utility((d, cascade.k_start(d)), i) * cost, cost)
+                k = cascade.k_start(d)
+                cascade.shadow(d, utility((d, k), i) * (1 + k / 4), 1 + k / 4)
             cascade.record(1, T_BASE)
         else:
             seconds = T_BASE * (1 + arm[1] / 4)
