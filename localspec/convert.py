@@ -1,5 +1,6 @@
 """Trained drafters to GGUF (architecture `jakiro`), acceptance heads to GGUF (architecture
-`acceptance-head`), back again, and `inspect`.
+`acceptance-head`), a drafter's weights back again, and `inspect` (drafters/files.py reads
+what drafting needs).
 
 Metadata names the target the drafter was made for (name, vocabulary size, hidden size,
 tokenizer hash), so loading it beside another target fails in one line. Matrices are stored
@@ -11,13 +12,13 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
+from localspec.drafters.files import ARCH, HEAD_ARCH, HEAD_META, META, config_of, open_gguf
 from localspec.drafters.jakiro_config import JakiroConfig
 from localspec.errors import LocalspecError
 
-ARCH = "jakiro"
 TYPES = {"f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16,
          "q8_0": GGMLQuantizationType.Q8_0}
 # torch parameter name -> GGUF tensor name
@@ -25,14 +26,6 @@ _NAMES = {"fc.weight": "fc.weight", "fc.bias": "fc.bias", "q.weight": "attn_q.we
           "k.weight": "attn_k.weight", "v.weight": "attn_v.weight", "o.weight": "attn_output.weight",
           "norm.weight": "ffn_norm.weight", "router.weight": "ffn_gate_inp.weight"}
 _EXPERT = {"gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
-_META = [  # (config field, GGUF key suffix)
-    ("target_name", "target.name"), ("target_vocab", "target.vocab_size"),
-    ("target_tokenizer", "target.tokenizer_hash"), ("d_model", "embedding_length"),
-    ("n_heads", "attention.head_count"), ("rope_theta", "rope.freq_base"),
-    ("norm_eps", "attention.layer_norm_rms_epsilon"), ("n_experts", "expert_count"),
-    ("top_k", "expert_used_count"), ("d_expert", "expert_feed_forward_length"),
-    ("gamma", "draft_steps"), ("beta1", "contrastive.beta1"), ("beta2", "contrastive.beta2"),
-]
 
 
 def gguf_name(torch_name: str) -> str:
@@ -57,15 +50,8 @@ def write_gguf(cfg: JakiroConfig, state: dict[str, np.ndarray], path: Path, dtyp
     tmp = path.with_name(path.name + ".partial")
     w = GGUFWriter(str(tmp), ARCH)
     w.add_name(f"jakiro drafter for {cfg.target_name}")
-    for field, key in _META:
-        value = getattr(cfg, field)
-        full = f"{ARCH}.{key}"
-        if isinstance(value, str):
-            w.add_string(full, value)
-        elif isinstance(value, float):
-            w.add_float64(full, value)
-        else:
-            w.add_uint32(full, int(value))
+    for field, key, kind in META:
+        _add(w, f"{ARCH}.{key}", kind(getattr(cfg, field)))
     for name, value in state.items():
         value = np.ascontiguousarray(value, np.float32)
         qtype = TYPES[dtype] if value.ndim == 2 and name != "router.weight" else TYPES["f32"]
@@ -85,79 +71,16 @@ def write_gguf(cfg: JakiroConfig, state: dict[str, np.ndarray], path: Path, dtyp
     os.replace(tmp, path)
 
 
-def _open(path: Path) -> GGUFReader:
-    path = Path(path)
-    if not path.exists():
-        raise LocalspecError(f"file not found: {path}")
-    try:
-        return GGUFReader(str(path))
-    except Exception as e:  # the gguf package raises plain ValueErrors on bad files
-        raise LocalspecError(f"not a readable GGUF file: {path} ({e})") from None
-
-
-def _metadata(reader: GGUFReader, path: Path, arch: str, what: str, keys: list[tuple[str, str]]) -> dict:
-    """The values of `keys` ((name, GGUF key suffix) pairs) of a GGUF of architecture `arch`,
-    refused in one line if it is something else (`what` names what was expected)."""
-    found = reader.get_field("general.architecture")
-    if found is None or found.contents() != arch:
-        raise LocalspecError(f"{Path(path).name} is not {what} (architecture "
-                             f"{found.contents() if found else 'missing'})")
-    values = {}
-    for name, suffix in keys:
-        f = reader.get_field(f"{arch}.{suffix}")
-        if f is None:
-            raise LocalspecError(f"{Path(path).name}: missing metadata {arch}.{suffix}")
-        values[name] = f.contents()
-    return values
-
-
-def _config(reader: GGUFReader, path: Path) -> JakiroConfig:
-    values = _metadata(reader, path, ARCH, "a Jakiro drafter", _META)
-    d2t = next((np.asarray(t.data, np.int64) for t in reader.tensors if t.name == "d2t"), None)
-    if d2t is None:
-        raise LocalspecError(f"{Path(path).name}: missing the d2t tensor")
-    full = len(d2t) == values["target_vocab"] and (d2t == np.arange(len(d2t))).all()
-    return JakiroConfig(**values, draft_vocab=[] if full else d2t.tolist())
-
-
-def is_jakiro(path: Path) -> bool:
-    """Whether a GGUF is a Jakiro drafter (else, say, a draft model llama.cpp loads)."""
-    found = _open(path).get_field("general.architecture")
-    return found is not None and found.contents() == ARCH
-
-
-def read_config(path: Path) -> JakiroConfig:
-    """A Jakiro GGUF's config (metadata and draft vocabulary) without its weights."""
-    return _config(_open(path), path)
-
-
 def read_gguf(path: Path) -> tuple[JakiroConfig, dict[str, np.ndarray]]:
     """The config and float32 weights of a Jakiro GGUF."""
-    reader = _open(path)
-    cfg = _config(reader, path)
+    reader = open_gguf(path)
+    cfg = config_of(reader, path)
     state = {}
     for t in reader.tensors:
         if t.name != "d2t":
             shape = tuple(int(n) for n in reversed(t.shape))
             state[torch_name(t.name)] = dequantize(np.asarray(t.data), t.tensor_type).reshape(shape).astype(np.float32)
     return cfg, state
-
-
-def check_target(cfg: JakiroConfig, vocab: int, d_model: int, tokenizer: str, target: str) -> None:
-    """Refuse a drafter made for another target, in one line."""
-    if (cfg.target_vocab, cfg.d_model, cfg.target_tokenizer) != (vocab, d_model, tokenizer):
-        raise LocalspecError(
-            f"drafter made for {cfg.target_name} (vocab {cfg.target_vocab}, hidden "
-            f"{cfg.d_model}, tokenizer {cfg.target_tokenizer}) cannot draft for {target} "
-            f"(vocab {vocab}, hidden {d_model}, tokenizer {tokenizer})")
-
-
-HEAD_ARCH = "acceptance-head"
-_HEAD_META = [  # (checkpoint key, GGUF key suffix); strings from its "meta"
-    ("target", "target.name"), ("tokenizer", "target.tokenizer_hash"), ("drafter", "drafter.name"),
-    ("d_model", "embedding_length"), ("hidden", "feed_forward_length"), ("n_blocks", "block_count"),
-    ("label", "label"),
-]
 
 
 def write_head_gguf(ckpt: dict, path: Path) -> None:
@@ -169,9 +92,8 @@ def write_head_gguf(ckpt: dict, path: Path) -> None:
     w = GGUFWriter(str(tmp), HEAD_ARCH)
     values = {**ckpt["meta"], **{k: ckpt[k] for k in ("hidden", "n_blocks", "label", "d_model")}}
     w.add_name(f"acceptance head of {values['drafter']} for {values['target']}")
-    for key, suffix in _HEAD_META:
-        v = values[key]
-        (w.add_string if isinstance(v, str) else w.add_uint32)(f"{HEAD_ARCH}.{suffix}", v)
+    for key, suffix, kind in HEAD_META:
+        _add(w, f"{HEAD_ARCH}.{suffix}", kind(values[key]))
     # What reads the head's features: a draft model's hidden state, or a Jakiro branch feature
     # (heads from before this key are draft models').
     w.add_string(f"{HEAD_ARCH}.drafter.kind", values.get("drafter_kind", "draft"))
@@ -189,22 +111,14 @@ def write_head_gguf(ckpt: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def read_head_gguf(path: Path) -> tuple[dict, list[tuple[np.ndarray, np.ndarray]]]:
-    """An acceptance head's metadata (with q_scale, the weight of the draft's log-odds) and
-    its layers in order, (weight (out, in), bias)."""
-    reader = _open(path)
-    meta = _metadata(reader, path, HEAD_ARCH, "an acceptance head", _HEAD_META)
-    kind = reader.get_field(f"{HEAD_ARCH}.drafter.kind")
-    meta["drafter_kind"] = kind.contents() if kind is not None else "draft"
-    t = {x.name: np.asarray(x.data, np.float32).reshape(tuple(int(n) for n in reversed(x.shape)))
-         for x in reader.tensors}
-    names = ["in"] + [f"blk.{i}.{part}" for i in range(meta["n_blocks"]) for part in ("up", "down")] + ["out"]
-    try:
-        layers = [(np.array(t[f"{n}.weight"]), np.array(t[f"{n}.bias"])) for n in names]  # writable copies
-        meta["q_scale"] = float(t["q_scale"].reshape(-1)[0])
-    except KeyError as e:
-        raise LocalspecError(f"{Path(path).name}: missing tensor {e}") from None
-    return meta, layers
+def _add(w: GGUFWriter, key: str, value: str | int | float) -> None:
+    """One metadata value, of the GGUF type drafters/files.py reads it as."""
+    if isinstance(value, str):
+        w.add_string(key, value)
+    elif isinstance(value, float):
+        w.add_float64(key, value)
+    else:
+        w.add_uint32(key, value)
 
 
 def convert_checkpoint(checkpoint: Path, out: Path, dtype: str = "q8_0") -> Path:
@@ -223,7 +137,7 @@ def convert_checkpoint(checkpoint: Path, out: Path, dtype: str = "q8_0") -> Path
 
 def inspect_gguf(path: Path) -> str:
     """Metadata and tensors of any GGUF, one per line (arrays summarised)."""
-    reader = _open(path)
+    reader = open_gguf(path)
     lines = [f"{path}"]
     for name, field in reader.fields.items():
         if name.startswith("GGUF."):

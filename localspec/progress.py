@@ -52,3 +52,24 @@ def _progress_lines(label: str, total: int, unit: str) -> Iterator[Callable[[int
     yield advance
     if time.monotonic() - start >= LOG_INTERVAL:  # long work ends with its final count
         line()
+
+
+class StderrProgress:
+    """An engine's progress callback, (what, done, total), as bars on stderr: one per `what`,
+    closed once done reaches total."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, tuple[contextlib.AbstractContextManager, Callable[[int], None], int]] = {}
+
+    def __call__(self, what: str, done: float, total: float) -> None:
+        scale = 100 if total <= 1 else 1  # shares become percentages
+        if what not in self._open:
+            bar = progress_bar(what, int(total * scale), unit="%" if scale == 100 else "steps")
+            self._open[what] = (bar, bar.__enter__(), 0)
+        bar, advance, shown = self._open[what]
+        now = int(done * scale)
+        advance(now - shown)
+        self._open[what] = (bar, advance, now)
+        if done >= total:
+            del self._open[what]
+            bar.__exit__(None, None, None)

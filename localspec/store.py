@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from localspec.engine.model import check_gguf
+from localspec.llama.model import check_gguf
 from localspec.errors import LocalspecError
 from localspec.paths import data_dir
 from localspec.progress import progress_bar
@@ -247,9 +246,3 @@ def listing() -> list[tuple[str, int, int | None, str]]:
 def disk_usage() -> int:
     d = store_dir()
     return sum(p.stat().st_size for p in d.glob("*.gguf")) if d.exists() else 0
-
-
-def free_space() -> int:
-    d = store_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    return shutil.disk_usage(d).free

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from localspec import _native
-from localspec.engine.context import Context
+from localspec.llama.context import Context
 from localspec.sampling import TokenSampler
 
 _EMPTY_I = np.zeros(0, np.int32)
@@ -106,23 +106,22 @@ def verify_tree(ctx: Context, tree: DraftTree, pending: list[int], sampler: Toke
     """Decode `pending` (emitted tokens not yet in the KV cache; the last is the tree's root)
     and the tree in one llama_decode, accept exactly, and leave sequence 0 holding the
     context, `pending` and the accepted path up to its first gap. Rows: pending tokens first
-    (outputs for the root only, or for all with all_pending_rows), then the tree's nodes.
+    (outputs for the root only, or for all with all_pending_rows), then the tree's nodes. An
+    empty tree is a plain step: the next token drawn from the root's row.
 
     Why a gap matters: llama.cpp puts new tokens into the lowest free KV cells, and its CPU
     flash attention accumulates in cell order, so a token placed in the hole of a rejected
     node, before cells of earlier positions, would be computed slightly differently from
     plain decoding. Accepted nodes after the first hole are therefore dropped from the
     cache and come back as `pending` in the next decode; the cache stays in position order."""
-    n_past = len(ctx.tokens)
+    n_past = len(ctx.tokens)  # positions: pending tokens from here, then the tree by depth
     root_row = len(pending) - 1
     seqs = tree.path_seqs()
-    n_seqs = tree.n_leaves()
-    for s in range(1, n_seqs):
-        ctx.seq_cp(0, s, 0, -1)  # every path sees the committed context
-    all_seqs = list(range(n_seqs))
+    n_seqs = max(1, tree.n_leaves())
+    ctx.share(n_seqs)
     pos = [*range(n_past, n_past + len(pending)), *(n_past + root_row + tree.depths()).tolist()]
     ctx.decode([*pending, *tree.tokens.tolist()], pos,
-               seq_ids=[all_seqs] * len(pending) + seqs,
+               seq_ids=[list(range(n_seqs))] * len(pending) + seqs,
                outputs=[all_pending_rows] * root_row + [True] * (len(tree) + 1))
     path, nxt, unsettled = _native.verify(
         ctx.ptr, ctx.model.n_vocab, root_row, tree.tokens, tree.parents, tree.q_offsets,
@@ -130,19 +129,7 @@ def verify_tree(ctx: Context, tree: DraftTree, pending: list[int], sampler: Toke
     n_cached = 0
     while n_cached < len(path) and path[n_cached] == n_cached:
         n_cached += 1  # node i sits in the i-th cell after the root: no hole so far
-    keep_path(ctx, n_past + len(pending) + n_cached, seqs[path[n_cached - 1]][0] if n_cached else 0,
-              n_seqs)
-    ctx.tokens.extend(pending)
-    ctx.tokens.extend(int(tree.tokens[i]) for i in path[:n_cached])
+    ctx.keep_path(seqs[path[n_cached - 1]][0] if n_cached else 0,
+                  [*pending, *(int(tree.tokens[i]) for i in path[:n_cached])], n_seqs)
     return Verdict(path, [int(tree.tokens[i]) for i in path] + ([nxt] if nxt >= 0 else []),
                    unsettled, n_cached)
-
-
-def keep_path(ctx: Context, n_keep: int, seq: int, n_seqs: int) -> None:
-    """Leave sequence 0 holding positions [0, n_keep) of `seq` and drop every other cell."""
-    if n_seqs > 1:
-        ctx.seq_keep(seq)
-    ctx.seq_rm(seq, n_keep, -1)
-    if seq != 0:
-        ctx.seq_cp(seq, 0, 0, -1)
-        ctx.seq_rm(seq, 0, -1)

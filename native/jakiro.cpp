@@ -9,6 +9,7 @@
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
+#include "ggml-cpp.h"
 #include "ggml.h"
 #include "gguf.h"
 
@@ -18,36 +19,40 @@ namespace {
 
 struct gguf_file {
     std::string path;
-    gguf_context * g = nullptr;
-    ggml_context * meta = nullptr;  // tensor descriptions only (no data)
+    gguf_context_ptr g;
+    ggml_context_ptr meta;  // tensor descriptions only (no data)
 
     explicit gguf_file(const std::string & p) : path(p) {
-        gguf_init_params params{/*no_alloc=*/true, /*ctx=*/&meta};
-        g = gguf_init_from_file(p.c_str(), params);
+        ggml_context * m = nullptr;
+        gguf_init_params params{/*no_alloc=*/true, /*ctx=*/&m};
+        g.reset(gguf_init_from_file(p.c_str(), params));
+        meta.reset(m);
         if (!g) throw std::runtime_error("cannot read GGUF file: " + p);
     }
-    ~gguf_file() {
-        if (g) gguf_free(g);
-        if (meta) ggml_free(meta);
-    }
-    int64_t key(const std::string & k) const {
-        const int64_t id = gguf_find_key(g, k.c_str());
+    // The key's id, checked to hold `type`: ggml aborts the process on a mistyped read.
+    int64_t key(const std::string & k, gguf_type type) const {
+        const int64_t id = gguf_find_key(g.get(), k.c_str());
         if (id < 0) throw std::runtime_error(path + ": missing metadata " + k);
+        if (gguf_get_kv_type(g.get(), id) != type) {
+            throw std::runtime_error(path + ": metadata " + k + " is a " +
+                                     gguf_type_name(gguf_get_kv_type(g.get(), id)) + ", not a " +
+                                     gguf_type_name(type));
+        }
         return id;
     }
-    uint32_t u32(const std::string & k) const { return gguf_get_val_u32(g, key(k)); }
-    double f64(const std::string & k) const { return gguf_get_val_f64(g, key(k)); }
-    std::string str(const std::string & k) const { return gguf_get_val_str(g, key(k)); }
+    uint32_t u32(const std::string & k) const { return gguf_get_val_u32(g.get(), key(k, GGUF_TYPE_UINT32)); }
+    double f64(const std::string & k) const { return gguf_get_val_f64(g.get(), key(k, GGUF_TYPE_FLOAT64)); }
+    std::string str(const std::string & k) const { return gguf_get_val_str(g.get(), key(k, GGUF_TYPE_STRING)); }
     ggml_tensor * tensor(const std::string & name) const {
-        ggml_tensor * t = ggml_get_tensor(meta, name.c_str());
+        ggml_tensor * t = ggml_get_tensor(meta.get(), name.c_str());
         if (!t) throw std::runtime_error(path + ": missing tensor " + name);
         return t;
     }
     // Read `size` bytes of tensor `name` starting `offset` bytes into its data.
     void read(const std::string & name, size_t offset, void * dst, size_t size) const {
-        const int64_t id = gguf_find_tensor(g, name.c_str());
+        const int64_t id = gguf_find_tensor(g.get(), name.c_str());
         std::unique_ptr<FILE, int (*)(FILE *)> f(std::fopen(path.c_str(), "rb"), std::fclose);
-        const size_t at = gguf_get_data_offset(g) + gguf_get_tensor_offset(g, id) + offset;
+        const size_t at = gguf_get_data_offset(g.get()) + gguf_get_tensor_offset(g.get(), id) + offset;
         if (!f || std::fseek(f.get(), long(at), SEEK_SET) != 0 ||
             std::fread(dst, 1, size, f.get()) != size) {
             throw std::runtime_error("cannot read tensor " + name + " from " + path);
@@ -102,7 +107,7 @@ jakiro_model::jakiro_model(const std::string & drafter_path, const std::string &
 
     const ggml_tensor * t_embd = target.tensor("token_embd.weight");
     const std::string head_name =
-        gguf_find_tensor(target.g, "output.weight") >= 0 ? "output.weight" : "token_embd.weight";
+        gguf_find_tensor(target.g.get(), "output.weight") >= 0 ? "output.weight" : "token_embd.weight";
     const ggml_tensor * t_head = target.tensor(head_name);
     if (t_embd->ne[0] != hp_.d_model || t_embd->ne[1] != hp_.target_vocab) {
         throw std::runtime_error("drafter made for " + hp_.target_name + " (vocab " +
@@ -120,14 +125,14 @@ jakiro_model::jakiro_model(const std::string & drafter_path, const std::string &
         std::iota(d2t_.begin(), d2t_.end(), 0);
     }
 
-    backend_ = ggml_backend_init_best();
+    backend_.reset(ggml_backend_init_best());
     if (!backend_) throw std::runtime_error("no ggml backend available");
-    set_threads(backend_, n_threads);
+    set_threads(backend_.get(), n_threads);
 
     const int32_t N = hp_.n_experts;
     ggml_init_params wp{ggml_tensor_overhead() * size_t(16 + 3 * N), nullptr, /*no_alloc=*/true};
-    weights_ctx_ = ggml_init(wp);
-    auto take = [&](const std::string & name) { return like(weights_ctx_, drafter.tensor(name), name); };
+    weights_ctx_.reset(ggml_init(wp));
+    auto take = [&](const std::string & name) { return like(weights_ctx_.get(), drafter.tensor(name), name); };
     fc_w_ = take("fc.weight");
     fc_b_ = take("fc.bias");
     wq_ = take("attn_q.weight");
@@ -141,11 +146,11 @@ jakiro_model::jakiro_model(const std::string & drafter_path, const std::string &
         up_.push_back(take("ffn_up." + std::to_string(j) + ".weight"));
         down_.push_back(take("ffn_down." + std::to_string(j) + ".weight"));
     }
-    embd_ = like(weights_ctx_, t_embd, "token_embd");
-    head_ = ggml_new_tensor_2d(weights_ctx_, t_head->type, hp_.d_model, int64_t(d2t_.size()));
-    k_cache_ = ggml_new_tensor_2d(weights_ctx_, GGML_TYPE_F32, hp_.d_model, n_ctx);
-    v_cache_ = ggml_new_tensor_2d(weights_ctx_, GGML_TYPE_F32, hp_.d_model, n_ctx);
-    weights_buf_ = ggml_backend_alloc_ctx_tensors(weights_ctx_, backend_);
+    embd_ = like(weights_ctx_.get(), t_embd, "token_embd");
+    head_ = ggml_new_tensor_2d(weights_ctx_.get(), t_head->type, hp_.d_model, int64_t(d2t_.size()));
+    k_cache_ = ggml_new_tensor_2d(weights_ctx_.get(), GGML_TYPE_F32, hp_.d_model, n_ctx);
+    v_cache_ = ggml_new_tensor_2d(weights_ctx_.get(), GGML_TYPE_F32, hp_.d_model, n_ctx);
+    weights_buf_.reset(ggml_backend_alloc_ctx_tensors(weights_ctx_.get(), backend_.get()));
     if (!weights_buf_) throw std::runtime_error("cannot allocate the drafter's weights");
 
     for (ggml_tensor * t : {fc_w_, fc_b_, wq_, wk_, wv_, wo_, norm_, router_}) upload(drafter, t->name, t);
@@ -161,19 +166,12 @@ jakiro_model::jakiro_model(const std::string & drafter_path, const std::string &
     for (size_t i = 0; i < d2t_.size(); ++i) std::memcpy(&rows[i * row], &all[size_t(d2t_[i]) * row], row);
     ggml_backend_tensor_set(head_, rows.data(), 0, rows.size());
 
-    galloc_ = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_));
+    galloc_.reset(ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_.get())));
     graph_mem_.resize(ggml_tensor_overhead() * 512 + ggml_graph_overhead_custom(1024, false));
 }
 
-jakiro_model::~jakiro_model() {
-    if (galloc_) ggml_gallocr_free(galloc_);
-    if (weights_buf_) ggml_backend_buffer_free(weights_buf_);
-    if (weights_ctx_) ggml_free(weights_ctx_);
-    if (backend_) ggml_backend_free(backend_);
-}
-
 void jakiro_model::allocate(ggml_cgraph * graph) {
-    if (!ggml_gallocr_alloc_graph(galloc_, graph)) throw std::runtime_error("cannot allocate the drafter's graph");
+    if (!ggml_gallocr_alloc_graph(galloc_.get(), graph)) throw std::runtime_error("cannot allocate the drafter's graph");
 }
 
 jakiro_step_out jakiro_model::step(const float * feats, const int32_t * tokens, const int32_t * pos,
@@ -185,7 +183,7 @@ jakiro_step_out jakiro_model::step(const float * feats, const int32_t * tokens, 
         if (tokens[i] < 0 || tokens[i] >= hp_.target_vocab) throw std::runtime_error("token id outside the vocabulary");
     }
     ggml_init_params ip{graph_mem_.size(), graph_mem_.data(), /*no_alloc=*/true};
-    std::unique_ptr<ggml_context, void (*)(ggml_context *)> holder(ggml_init(ip), ggml_free);
+    ggml_context_ptr holder(ggml_init(ip));
     ggml_context * ctx = holder.get();
     ggml_cgraph * gf = ggml_new_graph_custom(ctx, 1024, false);
 
@@ -238,7 +236,7 @@ jakiro_step_out jakiro_model::step(const float * feats, const int32_t * tokens, 
     ggml_backend_tensor_set(in_tok, tokens, 0, ggml_nbytes(in_tok));
     ggml_backend_tensor_set(in_pos, pos, 0, ggml_nbytes(in_pos));
     ggml_backend_tensor_set(in_mask, mask, 0, ggml_nbytes(in_mask));
-    if (ggml_backend_graph_compute(backend_, gf) != GGML_STATUS_SUCCESS) {
+    if (ggml_backend_graph_compute(backend_.get(), gf) != GGML_STATUS_SUCCESS) {
         throw std::runtime_error("drafter forward failed");
     }
     n_cached_ = n_kv;
@@ -262,7 +260,7 @@ jakiro_step_out jakiro_model::step(const float * feats, const int32_t * tokens, 
 std::vector<float> jakiro_model::logits(const float * feats, int32_t m) {
     const int32_t d = hp_.d_model;
     ggml_init_params ip{graph_mem_.size(), graph_mem_.data(), /*no_alloc=*/true};
-    std::unique_ptr<ggml_context, void (*)(ggml_context *)> holder(ggml_init(ip), ggml_free);
+    ggml_context_ptr holder(ggml_init(ip));
     ggml_context * ctx = holder.get();
     ggml_cgraph * gf = ggml_new_graph_custom(ctx, 16, false);
     ggml_tensor * in = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, d, m);
@@ -272,7 +270,7 @@ std::vector<float> jakiro_model::logits(const float * feats, int32_t m) {
     ggml_build_forward_expand(gf, out);
     allocate(gf);
     ggml_backend_tensor_set(in, feats, 0, ggml_nbytes(in));
-    if (ggml_backend_graph_compute(backend_, gf) != GGML_STATUS_SUCCESS) {
+    if (ggml_backend_graph_compute(backend_.get(), gf) != GGML_STATUS_SUCCESS) {
         throw std::runtime_error("drafter head failed");
     }
     std::vector<float> result(size_t(m) * d2t_.size());

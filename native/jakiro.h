@@ -7,12 +7,7 @@
 #include <string>
 #include <vector>
 
-struct ggml_context;
-struct ggml_tensor;
-struct ggml_backend;
-struct ggml_backend_buffer;
-struct ggml_gallocr;
-struct ggml_cgraph;
+#include "ggml-cpp.h"
 
 namespace ls {
 
@@ -34,7 +29,6 @@ class jakiro_model {
     // full_vocab: score every target token, whatever draft vocabulary the drafter was trained on.
     jakiro_model(const std::string & drafter_path, const std::string & target_path, int32_t n_ctx,
                  int32_t n_threads, bool full_vocab = false);
-    ~jakiro_model();
     jakiro_model(const jakiro_model &) = delete;
     jakiro_model & operator=(const jakiro_model &) = delete;
 
@@ -58,10 +52,11 @@ class jakiro_model {
     jakiro_hparams hp_;
     std::vector<int32_t> d2t_;
     int32_t n_ctx_ = 0, n_cached_ = 0;
-    ggml_backend * backend_ = nullptr;
-    ggml_context * weights_ctx_ = nullptr;
-    ggml_backend_buffer * weights_buf_ = nullptr;
-    ggml_gallocr * galloc_ = nullptr;
+    // Members free in reverse order: graph allocator, weights, their context, the backend.
+    ggml_backend_ptr backend_;
+    ggml_context_ptr weights_ctx_;
+    ggml_backend_buffer_ptr weights_buf_;
+    ggml_gallocr_ptr galloc_;
     std::vector<uint8_t> graph_mem_;
     // Weights; the expert tensors are N of each.
     ggml_tensor *fc_w_ = nullptr, *fc_b_ = nullptr, *wq_ = nullptr, *wk_ = nullptr, *wv_ = nullptr,

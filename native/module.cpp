@@ -92,9 +92,7 @@ NB_MODULE(_native, m) {
         .def_rw("repeat_penalty", &ls::sampling_params::repeat_penalty)
         .def_rw("repeat_last_n", &ls::sampling_params::repeat_last_n);
 
-    nb::class_<ls::rng>(m, "Rng")
-        .def(nb::init<uint64_t>(), "seed"_a)
-        .def("uniform", &ls::rng::uniform);
+    nb::class_<ls::rng>(m, "Rng").def(nb::init<uint64_t>(), "seed"_a);
 
     m.def(
         "draw",
@@ -109,7 +107,6 @@ NB_MODULE(_native, m) {
 
     nb::class_<ls::sampler>(m, "Sampler")
         .def(nb::init<const ls::sampling_params &>(), "params"_a)
-        .def_prop_ro("greedy", &ls::sampler::greedy)
         .def(
             "distribution",
             [](ls::sampler & s, vec_in<float> logits, vec_in<const int32_t> history) {
@@ -222,8 +219,6 @@ NB_MODULE(_native, m) {
             g.extend(t.data(), int32_t(t.shape(0)));
         })
         .def("reset", &ls::ngram_index::reset)
-        .def("__len__", &ls::ngram_index::size)
-        .def("tokens", [](const ls::ngram_index & g) { return to_numpy(g.tokens()); })
         .def(
             "draft",
             [](const ls::ngram_index & g, int32_t max_nodes, int32_t max_depth, int32_t max_occurrences) {

@@ -23,8 +23,6 @@ public:
 
     void extend(const int32_t * tokens, int32_t n);
     void reset() { toks_.clear(); for (auto & m : index_) m.clear(); }
-    int32_t size() const { return int32_t(toks_.size()); }
-    const std::vector<int32_t> & tokens() const { return toks_; }
 
     // Branches where earlier occurrences continue differently; nodes best-first by count,
     // at most max_nodes of them, at most max_depth deep, from the most recent

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 namespace ls {
 
@@ -105,6 +107,7 @@ verify_result verify_tree(const logits_rows & rows, int32_t n_vocab, const draft
     int32_t cur = -1;  // the root
     for (;;) {
         float * logits = rows(tree.root_row + cur + 1);
+        if (!logits) throw std::runtime_error("verify: no logits for batch row " + std::to_string(tree.root_row + cur + 1));
         if (tie_bound > 0.0f && smp.greedy() && top_two_gap(logits, n_vocab) < tie_bound) {
             res.unsettled = true;  // this row could rank differently in a single-token forward
             return res;

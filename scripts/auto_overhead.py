@@ -9,7 +9,7 @@ from localspec.control.cascade import CascadeConfig
 from localspec.control.planner import Planner
 from localspec.drafters.auto import AutoDrafter
 from localspec.drafters.lookup import LookupDrafter
-from localspec.engine.cost import CostCurve
+from localspec.llama.cost import CostCurve
 curve = CostCurve([0.040, 0.068, 0.0955, 0.114, 0.133, 0.162, 0.186, 0.251, 0.29, 0.29, 0.32, 0.32, 0.34, 0.34, 0.34, 0.34], 0.0)
 rng = np.random.default_rng(0)
 for watch in (False, True):

@@ -13,8 +13,8 @@ import statistics
 import subprocess
 
 from localspec import store
-from localspec.engine import Context, Model
-from localspec.engine.context import ContextConfig
+from localspec.llama import Context, Model
+from localspec.llama.context import ContextConfig
 from localspec.generate import GenerationStats, generate
 from localspec.sampling import SamplingConfig
 

@@ -18,16 +18,15 @@ from localspec import store
 from localspec.convert import write_gguf
 from localspec.drafters.jakiro import JakiroRuntime
 from localspec.drafters.jakiro_config import JakiroConfig
-from localspec.engine import Context, Model
-from localspec.engine.context import ContextConfig
-from localspec.engine.cost import cost_curve
-from localspec.train.features import tokenizer_hash
+from localspec.llama import Context, Model
+from localspec.llama.context import ContextConfig
+from localspec.llama.cost import cost_curve
 from localspec.train.target_weights import TargetWeights
 
 
 def random_drafter(model: Model, weights: TargetWeights, vocab: int, path: Path) -> None:
     cfg = JakiroConfig(target_name=model.name, target_vocab=model.n_vocab,
-                       target_tokenizer=tokenizer_hash(model), d_model=model.n_embd,
+                       target_tokenizer=model.tokenizer_hash, d_model=model.n_embd,
                        n_heads=int(weights.arch_meta("attention.head_count")),
                        rope_theta=float(weights.arch_meta("rope.freq_base", 10000.0)),
                        draft_vocab=list(range(vocab)) if vocab < model.n_vocab else [])

@@ -9,9 +9,9 @@ import time
 
 
 from localspec import store
-from localspec.engine import Context, Model
-from localspec.engine.context import ContextConfig
-from localspec.engine.cost import batch_discrepancy, filler_tokens
+from localspec.llama import Context, Model
+from localspec.llama.context import ContextConfig
+from localspec.llama.cost import batch_discrepancy, filler_tokens
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")

@@ -11,7 +11,7 @@ import time
 
 import localspec.control.planner as planner
 import localspec.drafters.lookup as lookup
-import localspec.engine.context as context
+import localspec.llama.context as context
 import localspec.verify as verify
 from localspec.bench import workloads
 from localspec.bench.runner import prompt_tokens

@@ -5,20 +5,11 @@ from __future__ import annotations
 import pytest
 
 from localspec import store
-from localspec.engine import Context, Model
-from localspec.engine.context import ContextConfig
+from localspec.llama import Context, Model
+from localspec.llama.context import ContextConfig
 
 SMALL = "smollm2-135m-instruct"
 QWEN_SMALL = "qwen2.5-coder-0.5b-instruct"
-
-PROMPTS = [
-    "def fibonacci(n):\n",
-    "The capital of France is",
-    "import numpy as np\n\n# compute the mean of each row\n",
-    "Once upon a time, in a small village,",
-    "SELECT name, COUNT(*) FROM users",
-    "class Stack:\n    def __init__(self):\n",
-]
 
 
 @pytest.fixture(scope="session")

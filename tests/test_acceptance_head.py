@@ -1,48 +1,38 @@
 """The acceptance head end to end on SmolLM2-135M with a tiny drafter (SmolLM2's first 20 of 30
 layers, written as a GGUF here): data collection, weighted-BCE training, GGUF, native
 inference equal to torch, refusals, and drafting with it — greedy output still identical to
-plain decoding, and the drafts cut where the planner's rule (the paper's P_rej > h) says."""
+plain decoding, and the drafts cut where the budget's rule (the paper's P_rej > h) says."""
 
 import gguf
 import numpy as np
 import pytest
 import torch
 
-from localspec.control.acceptance import AcceptanceHead
-from localspec.control.planner import Planner
-from localspec.convert import convert_checkpoint, read_head_gguf
-from localspec.drafters.draft_model import DraftModelDrafter
-from localspec.engine import Model
-from localspec.engine.cost import CostCurve
+from localspec.control.controllers import Fixed
+from localspec.convert import convert_checkpoint
+from localspec.drafters.acceptance_head import AcceptanceHead
+from localspec.drafters.base import Budget
+from localspec.drafters.draft_model import DraftModelDrafter, draft_context
+from localspec.drafters.files import read_head_gguf
+from localspec.drafters.spec import DrafterSpec
 from localspec.errors import LocalspecError
-from localspec.speculative import SpecStats
+from localspec.llama import Model
+from localspec.llama.cost import CostCurve
+from localspec.loop import Stats, run
 from localspec.train.acceptance import HeadTrainConfig, collect, load, train_head
 from localspec.train.acceptance_net import AcceptanceNet, head_inputs
 
+from localspec.llama import Context
+from localspec.llama.context import ContextConfig
+from gguf_files import rewrite
 from test_speculative import GREEDY, PROMPTS, speculative
 
 
 def truncated(src, dst, n_layers: int):
     """A copy of a GGUF model keeping its first n_layers blocks: same tokenizer, weaker."""
-    r = gguf.GGUFReader(str(src))
-    arch = r.get_field("general.architecture").contents()
-    w = gguf.GGUFWriter(str(dst), arch)
-    for f in r.fields.values():
-        if f.name == "general.architecture" or f.name.startswith("GGUF."):
-            continue
-        value = n_layers if f.name == f"{arch}.block_count" else f.contents()
-        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(f.name, value, f.types[0], sub_type=sub)
-    kept = [t for t in r.tensors if not (t.name.startswith("blk.") and int(t.name.split(".")[1]) >= n_layers)]
-    for t in kept:
-        w.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for t in kept:
-        w.write_tensor_data(t.data, tensor_endianess=r.endianess)
-    w.close()
-    return dst
+    arch = gguf.GGUFReader(str(src)).get_field("general.architecture").contents()
+    return rewrite(src, dst, {f"{arch}.block_count": (n_layers, gguf.GGUFValueType.UINT32)},
+                   lambda name: not (name.startswith("blk.") and int(name.split(".")[1]) >= n_layers))
 
 
 @pytest.fixture(scope="module")
@@ -100,39 +90,39 @@ def test_refuses_a_head_made_for_other_models(trained, small_path, qwen_model, s
 def test_drafting_with_the_head_is_greedy_identical_and_cuts_by_the_rule(trained, target, reference):
     cfg, path = trained
     # A curve where verification is free but drafting is not: the head decides the lengths.
-    curve = CostCurve([0.1] * 16, 0)
-    with Model(cfg.drafter) as tiny:
+    budget = Budget(CostCurve([0.1] * 16, 0), 8)
+    with Model(cfg.drafter) as tiny, draft_context(tiny, 2048, 1) as dctx:
         head = AcceptanceHead(path, tiny, target.model)
-        planner = Planner(curve, 8)
-        drafter = DraftModelDrafter(tiny, target.model, GREEDY, planner, n_threads=1, head=head)
+        drafter = DraftModelDrafter(dctx, target.model, heads={"greedy": head, "sampled": None})
         lengths, cut = [], []
         propose = drafter.propose
 
-        def spy(context, max_nodes):
+        def spy(context, budget):
             t_token = drafter.t_token  # the drafting time the rule uses (updated after drafting)
-            tree = propose(context, max_nodes)
+            tree = propose(context, budget)
             lengths.append(len(tree))
-            # Every kept token passed the rule: reach (1 - P_rej) above the planner's bound.
-            cut.extend(bool(r > planner.min_reach(t_token, d)) for d, r in enumerate(tree.reach))
+            # Every kept token passed the rule: reach (1 - P_rej) above the budget's bound.
+            cut.extend(bool(r > budget.min_reach(t_token, d)) for d, r in enumerate(tree.reach))
             return tree
         drafter.propose = spy
-        stats = SpecStats()
+        stats = Stats()
         for p in PROMPTS[:6]:
-            assert speculative(target, drafter, target.model.tokenize(p), stats=stats) == reference[p], p
-        drafter.close()
-    assert all(cut) and stats.n_accepted > 50
+            target.clear()
+            out = [t for it in run(target, Fixed(drafter, budget, "head"), target.model.tokenize(p),
+                                   GREEDY, 128, stats) for t in it.tokens]
+            assert out == reference[p], p
+    assert all(cut) and stats.draft_n_accepted > 50
     # Lengths adapt to the context (not one fixed K), within K_max = 8.
     assert len(set(lengths)) >= 3 and max(lengths) <= 8
 
 
 def test_draft_spec_options():
-    from localspec.session import draft_options
-    assert draft_options("") == ("", "auto")
-    assert draft_options("qwen,head=off") == ("qwen", "off")
-    assert draft_options(",head=/x/h.gguf") == ("", "/x/h.gguf")
-    for bad in ("m,heads=on", "m,head="):
+    assert DrafterSpec.parse("draft") == DrafterSpec("draft")
+    assert DrafterSpec.parse("draft:qwen,head=off") == DrafterSpec("draft", "qwen", head="off")
+    assert DrafterSpec.parse("draft,head=/x/h.gguf@3") == DrafterSpec("draft", head="/x/h.gguf", k=3)
+    for bad in ("draft:m,heads=on", "draft:m,head=", "draft,width=2"):
         with pytest.raises(LocalspecError, match="bad draft option"):
-            draft_options(bad)
+            DrafterSpec.parse(bad)
 
 
 @pytest.fixture(scope="module")
@@ -163,19 +153,16 @@ def test_jakiro_head_on_branch_features(jakiro_head, small_path, small_model, ta
         AcceptanceHead(path, small_model, small_model)  # same width, but a draft model's state
     rt = JakiroRuntime(drafter_path, target.model, n_ctx=1024, n_threads=1)
     head = AcceptanceHead(path, rt, target.model)
-    plain_rt = JakiroRuntime(drafter_path, target.model, n_ctx=1024, n_threads=1)
-    target.set_embeddings(True)
-    try:
-        with_head = JakiroDrafter(rt, Planner(CostCurve([0.1] * 16, 0), 8, max_nodes=5), head=head)
-        without = JakiroDrafter(plain_rt, Planner(CostCurve([0.1] * 16, 0), 8, max_nodes=5))
+    with Context(target.model, ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, embeddings=True)) as ctx:
+        with_head = JakiroDrafter(rt, heads={"greedy": head, "sampled": None})
+        without = JakiroDrafter(rt)  # the same runtime: drafters share it
         stats = {}
         for name, d in (("head", with_head), ("q", without)):
-            stats[name] = SpecStats()
+            stats[name] = Stats()
             for p in PROMPTS[:4]:
-                out = speculative(target, d, target.model.tokenize(p), stats=stats[name], max_nodes=5)
+                out = speculative(ctx, d, target.model.tokenize(p), stats=stats[name], max_nodes=5)
                 assert out == reference[p], (name, p)
-    finally:
-        target.set_embeddings(False)
-    assert stats["head"].n_drafted > 0 and stats["head"].n_accepted > 0
+    assert stats["head"].draft_n > 0 and stats["head"].draft_n_accepted > 0
     # The head changes which nodes are kept: the two runs draft differently.
-    assert (stats["head"].n_drafted, stats["head"].n_accepted) != (stats["q"].n_drafted, stats["q"].n_accepted)
+    assert (stats["head"].draft_n, stats["head"].draft_n_accepted) != \
+        (stats["q"].draft_n, stats["q"].draft_n_accepted)

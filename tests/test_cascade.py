@@ -2,17 +2,16 @@
 the iteration), then `auto` on a real model: output identical to plain decoding."""
 
 import numpy as np
-import pytest
 
 from localspec.control.cascade import PLAIN, Cascade, CascadeConfig
-from localspec.control.planner import Planner
-from localspec.drafters.auto import AutoDrafter
-from localspec.drafters.draft_model import DraftModelDrafter
+from localspec.control.controllers import CascadeController
+from localspec.drafters.draft_model import DraftModelDrafter, draft_context
 from localspec.drafters.lookup import LookupDrafter
-from localspec.engine import Model
+from localspec.llama import Model
 from localspec.verify import DraftTree
 
-from test_speculative import FLAT, GREEDY, PROMPTS, speculative
+from localspec.loop import run
+from test_speculative import FLAT, PROMPTS, GREEDY
 
 T_BASE = 0.05  # seconds per plain iteration
 
@@ -152,16 +151,15 @@ def test_auto_greedy_identical_to_plain(target, reference, small_path):
     """Cascade switches between lookup, the draft model (SmolLM2 itself here) and plain
     decoding by measured time, so which arm runs where depends on the machine; the output
     must not (12 prompts of 128 tokens)."""
-    with Model(small_path) as dm:
-        drafters = {"lookup": LookupDrafter(),
-                    "draft": DraftModelDrafter(dm, target.model, GREEDY, Planner(FLAT, 8), n_threads=1)}
+    with Model(small_path) as dm, draft_context(dm, 2048, 1) as dctx:
+        drafters = {"lookup": LookupDrafter(), "draft": DraftModelDrafter(dctx, target.model)}
         # No prediction gate (explore_after=0): SmolLM2 drafting for itself costs as much as the
         # target, so the cost curve would keep it out, and this test wants every arm to run.
-        auto = AutoDrafter(drafters, Planner(FLAT, 8), CascadeConfig(explore_after=0))
+        auto = CascadeController(drafters, FLAT, 8, CascadeConfig(explore_after=0))
         used = set()
         for p in PROMPTS[:12]:  # enough for every arm to run; the suite stays short
-            auto.new_request()
-            assert speculative(target, auto, target.model.tokenize(p)) == reference[p], p
+            target.clear()
+            out = [t for it in run(target, auto, target.model.tokenize(p), GREEDY, 128) for t in it.tokens]
+            assert out == reference[p], p
             used |= {row.arm[0] for row in auto.cascade.trace}
-        drafters["draft"].close()
     assert used == {"", "lookup", "draft"}

@@ -1,23 +1,30 @@
-"""The target engine on real models: decoding exactly like llama.cpp."""
+"""llama.cpp's model and context on real models: decoding exactly like llama.cpp."""
 
 import ctypes
 
 import llama_cpp
 import numpy as np
 import pytest
-from conftest import PROMPTS
 
-from localspec.engine import Context
-from localspec.engine.context import ContextConfig
-from localspec.engine.text import StreamDecoder, chat_tokens, complete_utf8_prefix
-from localspec.generate import generate
+from localspec.llama import Context
+from localspec.llama.context import ContextConfig
+from localspec.llama.text import StreamDecoder, chat_tokens, complete_utf8_prefix
+from localspec.loop import generate
 from localspec.sampling import SamplingConfig
 
 N_TOKENS = 48
+PROMPTS = [  # plain completions llama-cpp-python's Llama class also decodes
+    "def fibonacci(n):\n",
+    "The capital of France is",
+    "import numpy as np\n\n# compute the mean of each row\n",
+    "Once upon a time, in a small village,",
+    "SELECT name, COUNT(*) FROM users",
+    "class Stack:\n    def __init__(self):\n",
+]
 
 
 def plain_greedy(ctx, text, n=N_TOKENS):
-    return list(generate(ctx, ctx.model.tokenize(text), n, SamplingConfig(temperature=0)))
+    return generate(ctx, ctx.model.tokenize(text), n, SamplingConfig(temperature=0))
 
 
 def llama_cpp_python_greedy(path, prompts, n=N_TOKENS, n_ctx=2048):
@@ -76,24 +83,25 @@ def test_batch_with_positions_and_sequence_sets_matches_one_by_one(small_model):
 
 
 def test_shared_token_in_two_sequences(small_model):
-    """A token that belongs to two sequences is seen by both: the tree-attention mask."""
+    """A token that belongs to two sequences is seen by both (the tree-attention mask), and
+    keep_path leaves sequence 0 holding one path and nothing else."""
     m = small_model
     a, b = m.tokenize("Hello"), m.tokenize(" world", add_special=False)
     with Context(m, ContextConfig(n_ctx=256, n_seq_max=2)) as ctx:
-        ctx.decode(a, range(len(a)), seq_ids=[[0, 1]] * len(a))
+        ctx.extend(a)
+        ctx.share(2)
         ctx.decode(b[:1], [len(a)], seq_ids=[[0, 1]])
         ctx.decode([b[0], b[0]], [len(a) + 1] * 2, seq_ids=[[0], [1]], outputs=[True, True])
         np.testing.assert_array_equal(ctx.logits(0), ctx.logits(1))
         assert ctx.seq_pos_max(0) == ctx.seq_pos_max(1) == len(a) + 1
-        ctx.seq_keep(1)
-        assert ctx.seq_pos_max(0) == -1 and ctx.seq_pos_max(1) == len(a) + 1
-        ctx.seq_cp(1, 0)
-        assert ctx.seq_pos_max(0) == len(a) + 1
+        ctx.keep_path(1, [b[0], b[0]], n_seqs=2)
+        assert ctx.seq_pos_max(0) == len(a) + 1 and ctx.seq_pos_max(1) == -1
+        assert ctx.tokens == a + [b[0], b[0]]
 
 
 def test_logits_and_hidden_are_views_into_llama_buffers(small_model):
     with Context(small_model, ContextConfig(n_ctx=256, embeddings=True)) as ctx:
-        row = ctx.prefill(small_model.tokenize("def add(a, b):"))
+        row = ctx.extend(small_model.tokenize("def add(a, b):"))
         logits, hidden = ctx.logits(row), ctx.hidden(row)
         assert logits.shape == (small_model.n_vocab,) and hidden.shape == (small_model.n_embd,)
         addr = llama_cpp.llama_get_logits_ith(ctx.ptr, row)
@@ -115,26 +123,37 @@ def test_prefix_cache_reuse_equals_cold_start(which, request):
     assert out_warm == out_cold
 
 
-def test_prefix_cache_reuses_kv_entries(small_ctx):
-    m = small_ctx.model
+def test_prefix_cache_reuses_whole_chunks(small_model):
+    """A prompt is decoded in chunks that start at multiples of `chunk`; a later prompt reuses
+    the chunks it shares whole (a cut one would have been computed in another batch than a
+    cold start computes it), or all of an identical prompt, and decodes from there."""
+    m = small_model
     a = m.tokenize("The first request shares this prefix, and then it ends here.")
     b = m.tokenize("The first request shares this prefix, but this one goes on differently.")
-    small_ctx.prefill(a)
     n_common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
-    decoded = []
-    orig = small_ctx.decode
-    small_ctx.decode = lambda toks, pos, **kw: (decoded.append(list(pos)), orig(toks, pos, **kw))
-    small_ctx.prefill(b)
-    assert decoded[0][0] == n_common, "the shared prefix was decoded again"
-    assert small_ctx.tokens == b
+    assert n_common > 4
+    with Context(m, ContextConfig(n_ctx=256, chunk=4)) as ctx:
+        decoded = []
+        decode = ctx.decode
+        ctx.decode = lambda toks, pos, **kw: (decoded.append(list(pos)), decode(toks, pos, **kw))
+        assert ctx.prefill(a)[0] == 0
+        assert all(p[0] % 4 == 0 and len(p) <= 4 for p in decoded)
+        decoded.clear()
+        reused, logits = ctx.prefill(b)
+        assert reused == n_common // 4 * 4
+        assert decoded[0][0] == n_common // 4 * 4 and ctx.tokens == b
+        decoded.clear()
+        again, same = ctx.prefill(b)  # the same prompt: nothing to decode
+        assert again == len(b) and decoded == [] and (same == logits).all()
+        assert ctx.prefill(b[:-3])[0] == (len(b) - 3) // 4 * 4  # a cut chunk is decoded again
 
 
 def test_seeded_sampling_is_reproducible(small_ctx):
     cfg = SamplingConfig(temperature=0.9, seed=42)
     prompt = small_ctx.model.tokenize("Write a haiku about the sea:")
-    a = list(generate(small_ctx, prompt, 32, cfg))
+    a = generate(small_ctx, prompt, 32, cfg)
     small_ctx.clear()
-    b = list(generate(small_ctx, prompt, 32, cfg))
+    b = generate(small_ctx, prompt, 32, cfg)
     assert a == b
 
 
@@ -177,7 +196,7 @@ def test_qwen_metadata_has_fim_tokens(qwen_model):
 
 
 def test_cost_curve_is_measured_once_and_cached(small_model, tmp_path, monkeypatch):
-    from localspec.engine.cost import cache_path, cost_curve
+    from localspec.llama.cost import cache_path, cost_curve
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
     with Context(small_model, ContextConfig(n_ctx=512, n_threads=2)) as ctx:

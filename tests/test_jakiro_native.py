@@ -12,7 +12,6 @@ from localspec.convert import write_gguf  # noqa: E402
 from localspec.drafters.jakiro import JakiroRuntime  # noqa: E402
 from localspec.drafters.jakiro_config import JakiroConfig  # noqa: E402
 from localspec.errors import LocalspecError  # noqa: E402
-from localspec.train.features import tokenizer_hash  # noqa: E402
 from localspec.train.jakiro_net import JakiroNet, init_weights  # noqa: E402
 from localspec.train.target_weights import TargetWeights  # noqa: E402
 
@@ -23,7 +22,7 @@ def random_drafter(model, path, folder, n_experts):
     """A randomly initialised drafter for SmolLM2 with a reduced vocabulary, as f32 GGUF."""
     vocab = list(range(0, model.n_vocab, 7))
     cfg = JakiroConfig(target_name=model.name, target_vocab=model.n_vocab,
-                       target_tokenizer=tokenizer_hash(model), d_model=model.n_embd,
+                       target_tokenizer=model.tokenizer_hash, d_model=model.n_embd,
                        n_heads=9, rope_theta=100000.0, n_experts=n_experts,
                        top_k=min(2, n_experts), draft_vocab=vocab)
     w = TargetWeights(path)
@@ -225,17 +224,15 @@ def check_tree_against_reference(net, path, small_model, cepd):
 
 
 def test_drafter_options_full_vocabulary_and_refusals(drafter, small_model):
-    from localspec.bench.runner import short_label
-    from localspec.session import jakiro_options
+    from localspec.drafters.spec import DrafterSpec
     net, path = drafter
-    assert jakiro_options(f"{path},width=1,cepd=off,vocab=full") == \
-        (path, {"vocab": "full", "cepd": False, "width": 1, "head": "auto"})
-    assert short_label(f"jakiro:{path},cepd=off") == f"jakiro:{path.stem},cepd=off"
-    assert jakiro_options(",branch=1,head=off") == \
-        (None, {"vocab": "draft", "cepd": True, "branch": 1, "head": "off"})
+    assert DrafterSpec.parse(f"jakiro:{path},width=1,cepd=off,vocab=full") == \
+        DrafterSpec("jakiro", str(path), width=1, cepd=False, full_vocab=True)
+    assert DrafterSpec.parse(f"jakiro:{path},cepd=off@2").label == f"jakiro:{path.stem},cepd=off@2"
+    assert DrafterSpec.parse("jakiro,branch=1,head=off") == DrafterSpec("jakiro", branch=1, head="off")
     for bad in ("width=0", "depth=3", "cepd=maybe", "vocab=half", "head="):
-        with pytest.raises(LocalspecError, match="bad Jakiro option"):
-            jakiro_options(f"{path},{bad}")
+        with pytest.raises(LocalspecError, match="bad jakiro option"):
+            DrafterSpec.parse(f"jakiro:{path},{bad}")
     full = JakiroRuntime(path, small_model, n_ctx=16, n_threads=2, full_vocab=True)
     assert (full.draft_vocab == np.arange(small_model.n_vocab)).all()
     feats = np.random.default_rng(0).normal(size=(2, net.cfg.d_model)).astype(np.float32)

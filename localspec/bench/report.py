@@ -72,6 +72,24 @@ def chart(configs: list[Config], title: str, path: Path) -> None:
     plt.close(fig)
 
 
+def phase_utilities(iterations: list) -> list[float]:
+    """Per iteration (loop.Iteration), the utility of the phase it belonged to, as Cascade
+    measures it: the phase's tokens per second against plain decoding's (its latest plain
+    phase before; NaN until there is one)."""
+    out, t_base, i = [], float("nan"), 0
+    while i < len(iterations):
+        j = i
+        while j < len(iterations) and iterations[j].phase == iterations[i].phase:
+            j += 1
+        tokens = sum(len(it.tokens) for it in iterations[i:j])
+        seconds = sum(it.seconds for it in iterations[i:j])
+        if iterations[i].arm == "plain" and tokens:
+            t_base = seconds / tokens
+        out += [tokens / seconds * t_base if seconds > 0 else float("nan")] * (j - i)
+        i = j
+    return out
+
+
 def trace_chart(requests: list[list], title: str, path: Path) -> None:
     """Cascade at work (as the paper's figures): per iteration, the utility of the trial or
     set phase it belonged to, and the arm it ran (K by drafter; plain at 0); requests side by
@@ -80,25 +98,28 @@ def trace_chart(requests: list[list], title: str, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [row for rows in requests for row in rows]
+    rows = [it for its in requests for it in its]
+    utility = [u for its in requests for u in phase_utilities(its)]
+    arms = [("", 0) if it.arm == "plain" else (it.arm.rsplit("@", 1)[0], int(it.arm.rsplit("@", 1)[1]))
+            for it in rows]
     x = range(len(rows))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 5.5), sharex=True,
                                       gridspec_kw={"height_ratios": [3, 2]})
-    top.step(x, [r.utility for r in rows], where="post", color="#37a", lw=1)
+    top.step(x, utility, where="post", color="#37a", lw=1)
     top.axhline(1.0, color="black", lw=0.8)
     top.set_ylabel("utility (× plain speed)")
     top.set_title(title, fontsize=10)
-    names = sorted({r.arm[0] for r in rows})
+    names = sorted({name for name, _ in arms})
     colors = dict(zip(names, ["#888", "#37a", "#c55", "#3a5", "#a7c"]))
     for name in names:
-        pts = [(i, r.arm[1]) for i, r in enumerate(rows) if r.arm[0] == name]
+        pts = [(i, k) for i, (n, k) in enumerate(arms) if n == name]
         bottom.scatter(*zip(*pts), s=4, color=colors.get(name, "#000"), label=name or "plain")
     bottom.set_ylabel("K (draft tokens)")
     bottom.set_xlabel("iteration")
     bottom.legend(loc="upper right", fontsize=8, markerscale=3)
     start = 0
-    for rs in requests[:-1]:
-        start += len(rs)
+    for its in requests[:-1]:
+        start += len(its)
         for ax in (top, bottom):
             ax.axvline(start, color="#bbb", lw=0.6, ls=":")
     fig.tight_layout()

@@ -4,16 +4,15 @@ decoding in the same process, and keep the numbers a table needs."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from localspec.bench.workloads import Prompt
-from localspec.engine.text import chat_tokens
+from localspec.drafters.spec import NONE, DrafterSpec
+from localspec.engine import Engine, Request
+from localspec.llama.text import chat_tokens
 from localspec.sampling import SamplingConfig
-from localspec.session import Session, split_budget, split_spec
-from localspec.speculative import SpecStats
 
 
 @dataclass
@@ -34,7 +33,8 @@ class Run:
 @dataclass
 class Config:
     name: str
-    drafter: str                    # "none", "lookup", "draft:..." or an anchor's kind
+    drafter: str                    # our spec's label, or an anchor's kind
+    spec: DrafterSpec | None = None  # ours
     runs: list[Run] = field(default_factory=list)
 
     def total(self, attr: str) -> float:
@@ -61,68 +61,64 @@ class Config:
         return self.total("accepted") / d if d else None
 
 
-def prompt_tokens(session: Session, p: Prompt) -> list[int]:
+def prompt_tokens(engine: Engine, p: Prompt) -> list[int]:
     if p.kind == "chat":
-        return chat_tokens(session.model, [{"role": "user", "content": p.prompt}])
-    return session.model.tokenize(p.prompt)
+        return chat_tokens(engine.model, [{"role": "user", "content": p.prompt}])
+    return engine.model.tokenize(p.prompt)
 
 
-def run_ours(session: Session, tokens: list[int], drafter: str, max_tokens: int,
-             sampling: SamplingConfig) -> tuple[list[int], Run]:
-    session.ctx.clear()  # every configuration starts cold: no prefix cache between them
-    stats = SpecStats()
-    out = list(session.generate(tokens, max_tokens, sampling, drafter, stats))
-    return out, Run(n_tokens=stats.n_generated, n_timed=stats.n_generated - 1, seconds=stats.t_generate,
-                    drafted=stats.n_drafted, accepted=stats.n_accepted,
-                    forwards=stats.n_forwards + 1 if stats.n_forwards else 0,
-                    settled=stats.n_settled)
+def run_ours(engine: Engine, tokens: list[int], drafter: DrafterSpec, max_tokens: int,
+             sampling: SamplingConfig, on_iteration=None) -> tuple[list[int], Run]:
+    engine.ctx.clear()  # every configuration starts cold: no prefix cache between them
+    request = Request(prompt=tokens, sampling=sampling, max_tokens=max_tokens, drafter=drafter)
+    *_, done = engine.generate(request, on_iteration=on_iteration)
+    s = done.stats
+    return done.tokens, Run(n_tokens=s.predicted_n, n_timed=s.predicted_n - 1,
+                            seconds=s.predicted_ms / 1e3, drafted=s.draft_n, accepted=s.draft_n_accepted,
+                            forwards=s.forwards + 1 if s.forwards else 0, settled=s.settled)
 
 
-def near_tie(session: Session, prompt: list[int], plain: list[int], other: list[int]) -> bool:
+def near_tie(engine: Engine, prompt: list[int], plain: list[int], other: list[int]) -> bool:
     """Is the first position where `other` leaves `plain` a tie within the measured
     discrepancy bound, in plain decoding's own computation of that position?"""
     k = next(i for i, (a, b) in enumerate(zip(plain, other)) if a != b)
-    ctx = session.ctx
+    ctx = engine.ctx
     ctx.clear()
-    row = ctx.prefill(prompt)
+    _, logits = ctx.prefill(prompt)
     for t in plain[:k]:
         ctx.append(t)
-        row = 0
-    top2 = np.partition(ctx.logits(row), -2)[-2:]
-    return float(abs(top2[1] - top2[0])) <= session.curve.discrepancy
+        logits = ctx.logits(0)
+    top2 = np.partition(logits, -2)[-2:]
+    return float(abs(top2[1] - top2[0])) <= engine.curve.discrepancy
 
 
-def short_label(spec: str) -> str:
-    """`jakiro:/some/dir/x.gguf,cepd=off@4` -> `jakiro:x,cepd=off@4`: tables name files, not paths."""
-    base, k = split_budget(spec)
-    kind, arg = split_spec(base)
-    path, comma, opts = arg.partition(",")
-    if "/" in path or path.endswith(".gguf"):
-        base = f"{kind}:{Path(path).stem}{comma}{opts}"
-    return base + (f"@{k}" if k else "")
-
-
-def run_bench(session: Session, prompts: list[Prompt], drafters: list[str], max_tokens: int,
+def run_bench(engine: Engine, prompts: list[Prompt], drafters: list[DrafterSpec], max_tokens: int,
               sampling: SamplingConfig, anchors: list | None = None,
-              advance: Callable[[int], None] = lambda n: None) -> list[Config]:
-    """Plain first on each prompt, then every drafter, then every anchor."""
+              advance: Callable[[int], None] = lambda n: None, traced: DrafterSpec | None = None,
+              trace: list | None = None) -> list[Config]:
+    """Plain first on each prompt, then every drafter, then every anchor. The iterations of
+    `traced` go to `trace`, a list per prompt."""
     greedy = sampling.temperature <= 0
-    plain = Config("plain", "none")
-    suffix = " --strict" if session.cfg.strict else ""
-    ours = [Config(short_label(d) + suffix, d) for d in drafters if d != "none"]
+    plain = Config("plain", "none", NONE)
+    suffix = " --strict" if engine.cfg.strict else ""
+    ours = [Config(d.label + suffix, d.label, d) for d in drafters if d.kind != "none"]
     anchors = anchors or []
     configs = [plain, *ours, *[Config(a.name, a.kind) for a in anchors]]
     for p in prompts:
-        tokens = prompt_tokens(session, p)
-        ref, run = run_ours(session, tokens, "none", max_tokens, sampling)
+        tokens = prompt_tokens(engine, p)
+        ref, run = run_ours(engine, tokens, NONE, max_tokens, sampling)
         plain.runs.append(run)
-        ref_text = session.model.detokenize([t for t in ref if not session.model.is_eog(t)])
+        ref_text = engine.model.detokenize([t for t in ref if not engine.model.is_eog(t)])
         for cfg in ours:
-            out, run = run_ours(session, tokens, cfg.drafter, max_tokens, sampling)
+            hook = None
+            if cfg.spec == traced and trace is not None:
+                trace.append([])
+                hook = trace[-1].append
+            out, run = run_ours(engine, tokens, cfg.spec, max_tokens, sampling, hook)
             if greedy:
                 run.identical = out == ref
                 if not run.identical:
-                    run.tie = near_tie(session, tokens, ref, out)
+                    run.tie = near_tie(engine, tokens, ref, out)
             cfg.runs.append(run)
         for anchor, cfg in zip(anchors, configs[1 + len(ours):]):
             run, text = anchor.run(p, tokens, max_tokens, sampling)

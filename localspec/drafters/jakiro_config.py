@@ -11,7 +11,7 @@ class JakiroConfig:
     # The target it was made for: loading it beside another target is refused.
     target_name: str
     target_vocab: int
-    target_tokenizer: str    # localspec.train.features.tokenizer_hash of the target
+    target_tokenizer: str    # Model.tokenizer_hash of the target
     d_model: int             # the target's hidden size (features and embeddings)
     n_heads: int             # attention heads of the drafter's decoder layer
     rope_theta: float

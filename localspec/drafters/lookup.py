@@ -6,12 +6,13 @@ from __future__ import annotations
 import numpy as np
 
 from localspec import _native
-from localspec.drafters import DecayingRatio
+from localspec.drafters.base import Budget, DecayingRatio, Drafter
 from localspec.verify import DraftTree, Verdict
 
 
-class LookupDrafter:
+class LookupDrafter(Drafter):
     name = "lookup"
+    free = True
 
     def __init__(self, n_min: int = 2, n_max: int = 8, max_depth: int = 15, max_occurrences: int = 32):
         self.index = _native.NgramIndex(n_min, n_max)
@@ -33,12 +34,12 @@ class LookupDrafter:
         self.index.extend(np.asarray(context[n:], np.int32))
         self.seen.extend(context[n:])
 
-    def propose(self, context: list[int], max_nodes: int) -> DraftTree:
+    def propose(self, context: list[int], budget: Budget) -> DraftTree:
         for a in self.acceptance.values():
             a.tick()
         self._sync(context)
         tokens, parents, counts, n_match, n_occ = self.index.draft(
-            max_nodes, self.max_depth, self.max_occurrences)
+            budget.max_nodes, self.max_depth, self.max_occurrences)
         if n_occ == 0:
             return DraftTree.empty()
         # Reaching a node takes the text going the way that share of the earlier occurrences

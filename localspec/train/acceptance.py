@@ -27,17 +27,16 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.control.acceptance import HEAD_SAMPLING
-from localspec.convert import is_jakiro
+from localspec.drafters.acceptance_head import HEAD_SAMPLING
+from localspec.drafters.files import is_jakiro
 from localspec.drafters.draft_model import check_same_vocabulary
-from localspec.engine import Context, Model
-from localspec.engine.context import ContextConfig
+from localspec.llama import Context, Model
+from localspec.llama.context import ContextConfig
 from localspec.errors import LocalspecError
-from localspec.generate import generate
+from localspec.loop import generate
 from localspec.progress import progress_bar
 from localspec.sampling import TokenSampler
 from localspec.train.corpus import training_examples
-from localspec.train.features import tokenizer_hash
 
 LABELS = ("greedy", "sampled")  # which acceptance a head predicts: at T = 0 or at T > 0
 
@@ -75,7 +74,7 @@ def prompts(model: Model, n: int, max_prompt: int) -> list[list[int]]:
 def _rows(ctx: Context, tokens: list[int], n: int) -> int:
     """Decode `tokens` afresh with outputs for the last n; the first output's row."""
     ctx.clear()
-    last = ctx.prefill(tokens, n_outputs=n)
+    last = ctx.extend(tokens, n_outputs=n)
     return last - n + 1
 
 
@@ -109,7 +108,7 @@ def collect(cfg: HeadTrainConfig, texts: list[str] | None = None) -> Path:
         (cfg.out / "meta.json").write_text(json.dumps({
             "target": target.name, "drafter": drafter_name, "target_file": target.path.stem,
             "drafter_file": cfg.drafter.stem, "drafter_kind": kind,
-            "tokenizer": tokenizer_hash(target), "d_model": d_model}))
+            "tokenizer": target.tokenizer_hash, "d_model": d_model}))
         chosen = [target.tokenize(t) for t in texts] if texts else \
             prompts(target, cfg.n_sequences, cfg.max_prompt)
         todo = [(i, p) for i, p in enumerate(chosen)
@@ -136,7 +135,7 @@ def _jakiro_sequence(tctx: Context, rt, prompt: list[int], cfg: HeadTrainConfig,
     (depth 1 of a tree; deeper nodes read the drafter's own features, which this data does
     not cover)."""
     at_t1 = replace(HEAD_SAMPLING, seed=seed)
-    y = list(generate(tctx, prompt, cfg.max_new, at_t1, stop_at_eog=False))
+    y = generate(tctx, prompt, cfg.max_new, at_t1, stop_at_eog=False)
     n = len(y)
     if n < 2 or len(prompt) < 2:
         return None
@@ -199,7 +198,7 @@ def _jakiro_branches(tctx: Context, rt, seq: list[int], n: int):
 
 def _sequence(tctx: Context, dctx: Context, prompt: list[int], cfg: HeadTrainConfig, seed: int):
     at_t1 = replace(HEAD_SAMPLING, seed=seed)
-    y = list(generate(tctx, prompt, cfg.max_new, at_t1, stop_at_eog=False))
+    y = generate(tctx, prompt, cfg.max_new, at_t1, stop_at_eog=False)
     n = len(y)
     if n < 2:
         return None

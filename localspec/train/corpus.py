@@ -13,9 +13,9 @@ from typing import Iterator
 
 import numpy as np
 
-from localspec.bench.workloads import N_SHAREGPT_TRAIN, edit_source_files, sharegpt_conversations
-from localspec.engine.model import Model
-from localspec.engine.text import render_chat
+from localspec.datasets import N_SHAREGPT_TRAIN, edit_source_files, sharegpt_conversations
+from localspec.llama.model import Model
+from localspec.llama.text import render_chat
 
 ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
 # Packages that hold evaluation data (or are this project): never trained on.

@@ -8,7 +8,6 @@ an interrupted extraction resumes after its last finished shard."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -17,8 +16,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from localspec.engine.context import Context, ContextConfig
-from localspec.engine.model import Model
+from localspec.llama.context import Context, ContextConfig
+from localspec.llama.model import Model
 from localspec.errors import LocalspecError
 from localspec.progress import progress_bar
 from localspec.train.corpus import Example
@@ -27,14 +26,6 @@ from localspec.train.corpus import Example
 # drafting sees (16 rows or fewer), whose kernels round differently by about as much as the
 # noise training adds to its input features anyway (docs/jakiro.md).
 UBATCH = 512
-
-
-def tokenizer_hash(model: Model) -> str:
-    """A hash of the vocabulary's token pieces: two GGUFs with the same value tokenize alike."""
-    h = hashlib.sha256()
-    for t in range(model.n_vocab):
-        h.update(model.token_bytes(t, special=True) + b"\0")
-    return h.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -55,7 +46,7 @@ class Shard:
 class FeatureStore:
     def __init__(self, root: Path, model: Model):
         self.model = model
-        self.dir = Path(root) / f"{model.path.stem}-{tokenizer_hash(model)}-{model.n_embd}"
+        self.dir = Path(root) / f"{model.path.stem}-{model.tokenizer_hash}-{model.n_embd}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.manifest_path = self.dir / "manifest.json"
         self.manifest = json.loads(self.manifest_path.read_text()) if self.manifest_path.exists() \

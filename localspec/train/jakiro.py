@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 
 from localspec.drafters.jakiro_config import JakiroConfig
-from localspec.engine.model import Model
+from localspec.llama.model import Model
 from localspec.errors import LocalspecError
 from localspec.progress import progress_bar
 from localspec.train.corpus import training_examples
-from localspec.train.features import FeatureStore, Shard, tokenizer_hash
+from localspec.train.features import FeatureStore, Shard
 from localspec.train.jakiro_net import JakiroNet, init_weights
 from localspec.train.target_weights import TargetWeights
 
@@ -124,7 +124,7 @@ class Trainer:
         if self.ckpt_path.exists():
             ckpt = torch.load(self.ckpt_path, weights_only=False)
             self.jcfg = JakiroConfig.from_dict(ckpt["config"])
-            if self.jcfg.target_tokenizer != tokenizer_hash(self.model):
+            if self.jcfg.target_tokenizer != self.model.tokenizer_hash:
                 raise LocalspecError(f"{self.ckpt_path} was trained for another target "
                                      f"({self.jcfg.target_name})")
             self.progress = ckpt["progress"]
@@ -146,7 +146,7 @@ class Trainer:
         w = self.weights
         return JakiroConfig(
             target_name=self.model.name, target_vocab=self.model.n_vocab,
-            target_tokenizer=tokenizer_hash(self.model), d_model=self.model.n_embd,
+            target_tokenizer=self.model.tokenizer_hash, d_model=self.model.n_embd,
             n_heads=int(w.arch_meta("attention.head_count")),
             rope_theta=float(w.arch_meta("rope.freq_base", 10000.0)),
             norm_eps=float(w.arch_meta("attention.layer_norm_rms_epsilon", 1e-6)),

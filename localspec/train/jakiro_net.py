@@ -79,7 +79,7 @@ class JakiroNet(nn.Module):
         """Causal self-attention (mask None) or attention under a boolean mask (T, n_cache + T),
         True = may attend. `cache` is a (k, v) pair of earlier positions, extended in place of
         the returned pair."""
-        T, H, hd = h.shape[-2], self.cfg.n_heads, self.cfg.head_dim
+        H, hd = self.cfg.n_heads, self.cfg.head_dim
         split = lambda x: x.view(*x.shape[:-1], H, hd).transpose(-3, -2)  # noqa: E731
         q = rope(split(self.q(h)), pos, self.cfg.rope_theta)
         k = rope(split(self.k(h)), pos, self.cfg.rope_theta)
@@ -151,7 +151,3 @@ def init_weights(net: JakiroNet, seed: int = 0) -> None:
                 p.zero_()
         d = net.cfg.d_model
         net.fc.weight[:, d:] += torch.eye(d)
-
-
-def trainable_state(net: JakiroNet) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in net.state_dict().items()}

@@ -12,13 +12,15 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import llama_cpp as ll
 
 from localspec import _native
-from localspec.engine.context import Context
+from localspec.llama.context import Context
 from localspec.paths import cache_dir
-from localspec.progress import progress_bar
+
+Progress = Callable[[str, float, float], None]  # (what, done, total)
 
 
 @dataclass(frozen=True)
@@ -45,34 +47,37 @@ def filler_tokens(ctx: Context, n: int) -> list[int]:
     return [100 + (i * 7919) % (ctx.model.n_vocab - 200) for i in range(n)]
 
 
-def measure(ctx: Context, max_batch: int = 16, n_context: int = 256, repeats: int = 7) -> CostCurve:
+def measure(ctx: Context, max_batch: int = 16, n_context: int = 256, repeats: int = 7,
+            progress: Progress | None = None) -> CostCurve:
     """Time batches of 1..max_batch tokens (all rows output, as in verification) after a
     context of n_context tokens. Sizes are interleaved within each repeat so drift in the
     machine's speed spreads over all of them; the median of the repeats is kept. A context too
     small for n_context + max_batch gets a shorter n_context (the prompt, not this, should be
     what reports a full context)."""
     n_context = max(0, min(n_context, ctx.n_ctx - max_batch))
+    progress = progress or (lambda what, done, total: None)
     ctx.clear()
     filler = filler_tokens(ctx, n_context + max_batch)
-    ctx.prefill(filler[:n_context])
+    ctx.extend(filler[:n_context])
     times: dict[int, list[float]] = {n: [] for n in range(1, max_batch + 1)}
-    with progress_bar("measuring cost curve", repeats * max_batch, unit="forwards") as advance:
-        for _ in range(repeats + 1):  # the first round warms caches and is discarded
-            for n in range(1, max_batch + 1):
-                t0 = time.perf_counter()
-                ctx.decode(filler[n_context:n_context + n], range(n_context, n_context + n),
-                           outputs=[True] * n)
-                dt = time.perf_counter() - t0
-                ctx.seq_rm(0, n_context, -1)
-                times[n].append(dt)
-            advance(max_batch)
+    rounds = repeats + 1  # the first round warms caches and is discarded
+    for r in range(rounds):
+        progress("measuring the cost curve", r, rounds + 1)
+        for n in range(1, max_batch + 1):
+            t0 = time.perf_counter()
+            ctx.extend(filler[n_context:n_context + n], n_outputs=n)
+            dt = time.perf_counter() - t0
+            ctx.truncate(n_context)
+            times[n].append(dt)
     ctx.clear()
     seconds = [statistics.median(times[n][1:]) for n in sorted(times)]
     # A batch of n never costs more than one of n+1 (padding it would do), so where noise says
     # otherwise the larger batch's time is the better estimate.
     for i in range(len(seconds) - 2, -1, -1):
         seconds[i] = min(seconds[i], seconds[i + 1])
-    return CostCurve(seconds, n_context, *measure_discrepancy(ctx, max_batch))
+    discrepancy = measure_discrepancy(ctx, max_batch)
+    progress("measuring the cost curve", rounds + 1, rounds + 1)
+    return CostCurve(seconds, n_context, *discrepancy)
 
 
 def measure_discrepancy(ctx: Context, max_batch: int = 12, contexts=(64, 320)) -> tuple[float, int]:
@@ -92,7 +97,7 @@ def batch_discrepancy(ctx: Context, n_context: int, max_batch: int) -> list[floa
     single-token decoding of the same positions, at index n for n = 2..max_batch."""
     ctx.clear()
     tokens = filler_tokens(ctx, n_context + max_batch)
-    ctx.prefill(tokens[:n_context])
+    ctx.extend(tokens[:n_context])
     single = []
     for t in tokens[n_context:]:
         ctx.append(t)
@@ -100,10 +105,9 @@ def batch_discrepancy(ctx: Context, n_context: int, max_batch: int) -> list[floa
     ctx.truncate(n_context)
     worst = [0.0] * (max_batch + 1)
     for n in range(2, max_batch + 1):
-        ctx.decode(tokens[n_context:n_context + n], range(n_context, n_context + n),
-                   outputs=[True] * n)
+        ctx.extend(tokens[n_context:n_context + n], n_outputs=n)
         worst[n] = max(float(abs(ctx.logits(i) - single[i]).max()) for i in range(n))
-        ctx.seq_rm(0, n_context, -1)
+        ctx.truncate(n_context)
     ctx.clear()
     return worst
 
@@ -120,14 +124,15 @@ def cache_path(ctx: Context) -> Path:
     return cache_dir() / "cost" / f"{cache_key(ctx)}.json"
 
 
-def cost_curve(ctx: Context, max_batch: int = 16, refresh: bool = False, repeats: int = 7) -> CostCurve:
+def cost_curve(ctx: Context, max_batch: int = 16, refresh: bool = False, repeats: int = 7,
+               progress: Progress | None = None) -> CostCurve:
     """The cached curve for this model, build and settings; measured on first use."""
     path = cache_path(ctx)
     if path.exists() and not refresh:
         data = json.loads(path.read_text())
         if len(data["seconds"]) >= max_batch:
             return CostCurve(data["seconds"], data["n_context"], data["discrepancy"], data["exact_batch"])
-    curve = measure(ctx, max_batch, repeats=repeats)
+    curve = measure(ctx, max_batch, repeats=repeats, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = asdict(curve) | {"model": str(ctx.model.path), "llama_cpp": ll.__version__}
     tmp = path.with_suffix(".tmp")

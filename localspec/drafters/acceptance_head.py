@@ -8,11 +8,10 @@ from pathlib import Path
 import numpy as np
 
 from localspec import _native
-from localspec.convert import read_head_gguf
-from localspec.engine import Model
+from localspec.drafters.files import read_head_gguf
+from localspec.llama import Model
 from localspec.errors import LocalspecError
 from localspec.sampling import SamplingConfig
-from localspec.train.features import tokenizer_hash
 
 # The transform under which heads learn q(x) (and the target's p, for sampled labels): the
 # draft's probabilities fed to a head must come from the same one, also at T = 0.
@@ -25,7 +24,7 @@ class AcceptanceHead:
         head reads its branch features)."""
         meta, layers = read_head_gguf(path)
         kind, width = ("draft", draft.n_embd) if isinstance(draft, Model) else ("jakiro", draft.cfg.d_model)
-        if meta["d_model"] != width or meta["drafter_kind"] != kind or meta["tokenizer"] != tokenizer_hash(target):
+        if meta["d_model"] != width or meta["drafter_kind"] != kind or meta["tokenizer"] != target.tokenizer_hash:
             raise LocalspecError(
                 f"acceptance head {Path(path).name} was made for {meta['drafter']} ({meta['drafter_kind']}, "
                 f"hidden {meta['d_model']}) drafting for {meta['target']}, not {Path(draft.path).stem} "

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
+import hashlib
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import llama_cpp as ll
 
@@ -16,8 +19,22 @@ from localspec.errors import LocalspecError
 GGUF_MAGIC = b"GGUF"
 
 # llama.cpp logs through one process-wide callback; keep its recent errors so a failed load
-# can say why in one line, and stay quiet otherwise unless LOCALSPEC_VERBOSE is set.
+# can say why in one line, and pass lines on to whoever listens (LOCALSPEC_VERBOSE: stderr).
+# The callback is process-wide in llama.cpp, so its listener is too.
 _recent_log: collections.deque[str] = collections.deque(maxlen=20)
+LogHandler = Callable[[int, str], None]  # (ggml log level, text)
+
+
+def _stderr(level: int, text: str) -> None:
+    print(text, end="", file=sys.stderr)
+
+
+_listener: list[LogHandler | None] = [_stderr if os.environ.get("LOCALSPEC_VERBOSE") else None]
+
+
+def set_log_handler(handler: LogHandler | None) -> None:
+    """Where llama.cpp's log goes from now on (None: nowhere)."""
+    _listener[0] = handler
 
 
 @ll.llama_log_callback
@@ -25,8 +42,8 @@ def _log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     line = text.decode("utf-8", "replace")
     if level == 4:  # GGML_LOG_LEVEL_ERROR
         _recent_log.append(line.strip())
-    if os.environ.get("LOCALSPEC_VERBOSE"):
-        print(line, end="", file=sys.stderr)
+    if _listener[0] is not None:
+        _listener[0](level, line)
 
 
 ll.llama_log_set(_log, ctypes.c_void_p(0))
@@ -61,7 +78,10 @@ class SpecialTokens:
 class Model:
     """Owns a llama_model. Tokenization lives here because it needs only the vocabulary."""
 
-    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, repack: bool = True):
+    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, repack: bool = True,
+                 progress: Callable[[float], None] | None = None, vocab_only: bool = False):
+        """`progress` hears the share of the weights loaded, from 0 to 1; `vocab_only` loads
+        the vocabulary and metadata but no weights."""
         self.path = Path(path)
         self.n_gpu_layers = n_gpu_layers
         self.repack = repack
@@ -71,6 +91,10 @@ class Model:
         # CPU weight repacking (interleaved layouts) is faster, but its kernels switch from
         # matrix-vector to matrix-matrix at 4 rows, so batches stop reproducing single tokens.
         params.use_extra_bufts = repack
+        params.vocab_only = vocab_only
+        if progress is not None:
+            report = ll.llama_progress_callback(lambda share, _user: progress(share) or True)
+            params.progress_callback = report  # `report` stays referenced until loading ends
         _recent_log.clear()
         ptr = ll.llama_model_load_from_file(str(self.path).encode(), params)
         if not ptr:
@@ -81,7 +105,6 @@ class Model:
         self.vocab = ll.llama_model_get_vocab(ptr)
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
         self.n_embd = ll.llama_model_n_embd(ptr)
-        self.n_ctx_train = ll.llama_model_n_ctx_train(ptr)
         self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
         v = self.vocab
         self.special = SpecialTokens(
@@ -154,6 +177,14 @@ class Model:
             piece = buf.raw[:n]
             self._piece_cache[key] = piece
         return piece
+
+    @functools.cached_property
+    def tokenizer_hash(self) -> str:
+        """A hash of the vocabulary's token pieces: two GGUFs with the same value tokenize alike."""
+        h = hashlib.sha256()
+        for t in range(self.n_vocab):
+            h.update(self.token_bytes(t, special=True) + b"\0")
+        return h.hexdigest()[:16]
 
     def detokenize(self, tokens: list[int], special: bool = False) -> str:
         return b"".join(self.token_bytes(t, special) for t in tokens).decode("utf-8", "replace")

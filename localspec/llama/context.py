@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import llama_cpp as ll
 import numpy as np
 
 from localspec import _native
-from localspec.engine.model import Model
+from localspec.llama.model import Model
 from localspec.errors import LocalspecError
 
 FLASH_ATTN = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -33,6 +33,7 @@ class ContextConfig:
     flash_attn: str = "auto"   # auto | on | off
     kv_type: str = "f16"       # f16 | bf16 | q8_0 | f32: element type of the KV cache
     embeddings: bool = False   # also return final hidden states (the LM-head input)
+    chunk: int = 64            # prompts are decoded in chunks starting at multiples of this
 
 
 class Context:
@@ -61,7 +62,13 @@ class Context:
         self.n_ctx = ll.llama_n_ctx(ptr)
         self.mem = ll.llama_get_memory(ptr)
         self.tokens: list[int] = []  # what sequence 0's KV cache holds, position by position
-        self.n_prefilled = 0  # tokens the last prefill decoded
+        # Leading positions computed exactly as a cold prefill of tokens[:n_exact] computes them.
+        self.n_exact = 0
+        self.chunk = config.chunk
+        # Every batch of up to `chunk` tokens reproduces single-token decoding (--strict), so
+        # any cached position is exact wherever it came from.
+        self.all_exact = False
+        self._last: tuple[int, np.ndarray] | None = None  # (prompt length, its last logits)
         self._one = (np.zeros(1, np.int32), np.zeros(1, np.int32), np.array([0, 1], np.int32),
                      np.zeros(1, np.int32), np.ones(1, np.int8))
 
@@ -118,17 +125,59 @@ class Context:
         self._decode(t, p, offsets, flat, out)
         self.tokens.append(token)
 
-    def prefill(self, prompt: Sequence[int], n_outputs: int = 1) -> int:
-        """Make sequence 0 hold `prompt`, re-using the KV entries of the longest common prefix
-        with what it holds now. Returns the batch row with the logits of the prompt's last
-        token. At least one token is always decoded, so those logits are fresh."""
-        if not prompt:
+    def prefill(self, tokens: Sequence[int], n_outputs: int = 1,
+                on_outputs: Callable[[int, list[int]], None] | None = None) -> tuple[int, np.ndarray]:
+        """Make sequence 0 hold the prompt `tokens`, reusing cached positions only where that
+        cannot change a result. Returns how many positions were reused and the logits of the
+        prompt's last token (a copy, kept for the same prompt asked again). Outputs (logits,
+        hidden states) of the last `n_outputs` positions decoded go to on_outputs(first
+        position, batch rows) after each chunk.
+
+        Why chunks at fixed positions: llama.cpp computes a row of a batch slightly differently
+        from the same row in a batch of another size, so a cached position equals what a cold
+        start computes only if it was decoded in the same batch. Prompts are decoded in chunks
+        that start at multiples of `chunk`; a later prompt reuses the whole chunks it shares (or
+        all of an identical prompt), and what it decodes from there forms the chunks a cold
+        start forms. A prompt that runs on into generated tokens (a chat's earlier answer)
+        reuses them too, although they were decoded as generation, not as a prompt: what that
+        can change is measured in docs/benchmarks.md."""
+        n = len(tokens)
+        if n == 0:
             raise LocalspecError("empty prompt")
-        self._check_room(len(prompt), fresh=True)
-        n_keep = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
-        self.truncate(n_keep)
-        self.n_prefilled = len(prompt) - n_keep  # what this call decoded (catch-up cost)
-        return self.extend(prompt[n_keep:], n_outputs)
+        self._check_room(n, fresh=True)
+        m = common_prefix(self.tokens, tokens)
+        if self._last is not None and self._last[0] == n <= m:
+            self.truncate(n)  # what was generated after it goes
+            return n, self._last[1]
+        c = self.chunk
+        base = self.n_exact // c * c  # exact for any prompt that shares them, not only one
+        limit = min(m, n - 1)  # at least the last token is decoded: its logits are needed
+        reuse = limit if self.all_exact else limit // c * c
+        self.truncate(reuse)
+        # Decoded on top of exact positions, the prompt is exact; on generated ones, only the
+        # whole chunks before them are.
+        self.n_exact = n if reuse <= base else base
+        first_out = n - max(1, n_outputs)
+        start = reuse
+        while start < n:
+            end = min(n, (start // c + 1) * c)
+            chunk = tokens[start:end]
+            outputs = [p >= first_out for p in range(start, end)]
+            self.decode(chunk, range(start, end), outputs=outputs)
+            self.tokens.extend(chunk)
+            if on_outputs and outputs[-1]:
+                first = max(start, first_out)
+                on_outputs(first, list(range(first - start, end - start)))
+            start = end
+        self._last = (n, self.logits(len(chunk) - 1).copy())
+        return reuse, self._last[1]
+
+    def catch_up(self, tokens: Sequence[int]) -> int:
+        """Make sequence 0 hold `tokens` by decoding what it lacks of them (at least the last
+        token); returns the batch row with that token's logits. For draft models, whose
+        exactness does not matter."""
+        self.truncate(min(common_prefix(self.tokens, tokens), len(tokens) - 1))
+        return self.extend(tokens[len(self.tokens):])
 
     def extend(self, tokens: Sequence[int], n_outputs: int = 1) -> int:
         """Decode `tokens` at the end of sequence 0, in chunks of n_batch; returns the batch
@@ -159,10 +208,6 @@ class Context:
             raise LocalspecError(f"no logits for batch row {row}")
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
 
-    def set_embeddings(self, on: bool) -> None:
-        """Also return final hidden states from now on (feature drafters read them)."""
-        ll.llama_set_embeddings(self.ptr, on)
-
     def hidden(self, row: int) -> np.ndarray:
         """Final hidden state (the LM-head input) of a batch row; needs embeddings=True."""
         ptr = ll.llama_get_embeddings_ith(self.ptr, row)
@@ -170,32 +215,59 @@ class Context:
             raise LocalspecError(f"no hidden state for batch row {row} (embeddings off?)")
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_embd,))
 
-    # --- KV cache ---------------------------------------------------------------------------
-
-    def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> None:
-        """Drop positions [p0, p1) of `seq` (p1 < 0: to the end; seq < 0: every sequence)."""
-        if not ll.llama_memory_seq_rm(self.mem, seq, p0, p1):
-            raise LocalspecError(f"cannot remove positions [{p0}, {p1}) of sequence {seq}")
-
-    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
-        ll.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
-
-    def seq_keep(self, seq: int) -> None:
-        """Drop every sequence but `seq`."""
-        ll.llama_memory_seq_keep(self.mem, seq)
-
-    def seq_pos_max(self, seq: int) -> int:
-        return ll.llama_memory_seq_pos_max(self.mem, seq)
+    # --- KV cache: every edit of it happens here ----------------------------------------------
 
     def truncate(self, n: int) -> None:
-        """Keep the first n positions of sequence 0 (the one place rejected tokens go)."""
+        """Keep the first n positions of sequence 0 (where rejected tokens go)."""
         if n < len(self.tokens):
-            self.seq_rm(0, n, -1)
+            self._seq_rm(0, n, -1)
             del self.tokens[n:]
+        if n < self.n_exact:  # a cut chunk is exact only for a prompt ending where it ends
+            self.n_exact = n // self.chunk * self.chunk
+        if self._last is not None and n < self._last[0]:
+            self._last = None
 
     def clear(self) -> None:
         ll.llama_memory_clear(self.mem, True)
         self.tokens.clear()
+        self.n_exact = 0
+        self._last = None
+
+    def share(self, n_seqs: int) -> None:
+        """Let sequences 1..n_seqs-1 see every cell of sequence 0 (the paths of a draft tree
+        all start from the committed context)."""
+        for s in range(1, n_seqs):
+            ll.llama_memory_seq_cp(self.mem, 0, s, 0, -1)
+
+    def keep_path(self, seq: int, tokens: list[int], n_seqs: int) -> None:
+        """After a tree's decode: sequence 0 keeps what it held, then `tokens` (the pending ones
+        and the accepted path), taken from sequence `seq`; every other cell is dropped."""
+        n_keep = len(self.tokens) + len(tokens)
+        if n_seqs > 1:
+            ll.llama_memory_seq_keep(self.mem, seq)
+        self._seq_rm(seq, n_keep, -1)
+        if seq != 0:
+            ll.llama_memory_seq_cp(self.mem, seq, 0, 0, -1)
+            self._seq_rm(seq, 0, -1)
+        self.tokens.extend(tokens)
+
+    def branch(self, src: int, dst: int) -> None:
+        """Make sequence `dst` a copy of sequence `src` (a draft tree's next level)."""
+        self._seq_rm(dst, 0, -1)
+        ll.llama_memory_seq_cp(self.mem, src, dst, 0, -1)
+
+    def drop_branches(self, n_seqs: int) -> None:
+        """Drop sequences 1..n_seqs-1 and anything sequence 0 holds past `tokens`."""
+        self._seq_rm(-1, len(self.tokens), -1)
+        for s in range(1, n_seqs):
+            self._seq_rm(s, 0, -1)
+
+    def seq_pos_max(self, seq: int) -> int:
+        return ll.llama_memory_seq_pos_max(self.mem, seq)
+
+    def _seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        if not ll.llama_memory_seq_rm(self.mem, seq, p0, p1):
+            raise LocalspecError(f"cannot remove positions [{p0}, {p1}) of sequence {seq}")
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

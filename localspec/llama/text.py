@@ -7,7 +7,7 @@ from datetime import date
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from localspec.engine.model import Model
+from localspec.llama.model import Model
 from localspec.errors import LocalspecError
 
 

@@ -1,0 +1,124 @@
+"""Controllers: before each iteration of the loop, which drafter proposes and within what
+budget, or plain decoding (None); after it, what that iteration emitted and cost.
+
+- Plain: never drafts.
+- Fixed: one drafter every iteration, its tree sized by the cost curve or a static K.
+- CascadeController (`--drafter auto`): Cascade (cascade.py) over several drafters."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from localspec.control.cascade import PLAIN, Cascade, CascadeConfig
+from localspec.drafters.base import Budget, DecayingRatio, Drafter
+from localspec.llama.cost import CostCurve
+from localspec.verify import DraftTree
+
+
+class Plain:
+    drafters: tuple[Drafter, ...] = ()
+    arm = "plain"
+    phase = ""
+
+    def begin(self) -> None:
+        pass
+
+    def choose(self, context: list[int]) -> tuple[Drafter, Budget] | None:
+        return None
+
+    def record(self, tokens: int, seconds: float, drafted: int, accepted: int) -> None:
+        pass
+
+
+class Fixed(Plain):
+    def __init__(self, drafter: Drafter, budget: Budget, label: str):
+        self.drafter, self.budget = drafter, budget
+        self.drafters = (drafter,)
+        self.arm = label
+
+    def choose(self, context: list[int]) -> tuple[Drafter, Budget] | None:
+        return self.drafter, self.budget
+
+
+class CascadeController:
+    """Each iteration it asks Cascade for an arm (a drafter and K, the most draft tokens it may
+    propose; K = 0 plain decoding) and reports what the iteration emitted and cost: all of it
+    (drafting, verification, sampling) except the time a drafter switched in spends catching
+    up with the context it missed while others ran. That is paid once per switch, not per
+    iteration, so it is left out of the trial's utility and charged instead in the prediction
+    that decides whether the drafter gets a trial at all (predict_k).
+
+    Drafters that draft for free (prompt lookup) are watched while plain decoding runs: each
+    plain iteration they propose as if their arm ran, and once the context shows how far
+    plain decoding went along that proposal, Cascade hears what the arm would have emitted and
+    cost (`shadow`)."""
+
+    def __init__(self, members: dict[str, Drafter], curve: CostCurve, n_seq_max: int,
+                 cfg: CascadeConfig = CascadeConfig()):
+        self.members = members
+        self.drafters = tuple(members.values())
+        self.curve, self.n_seq_max = curve, n_seq_max
+        # Per drafter, accepted / drafted tokens: the cost curve turns it into a starting K.
+        self.acceptance = {d: DecayingRatio(prior=0.5, decay=1.0) for d in members}
+        self.cascade = Cascade(members, cfg, self.predict_k)
+        self.watched = [name for name, d in members.items() if d.free]
+        self._shadows: list[tuple[str, int, DraftTree]] = []  # (drafter, context length, proposal)
+        self._context: list[int] = []
+        self._previous = ""  # the drafter of the last iteration
+        self.arm, self.phase = "plain", ""
+
+    def begin(self) -> None:
+        self.cascade.new_request()
+        self._shadows = []
+        self._previous = ""
+
+    def choose(self, context: list[int]) -> tuple[Drafter, Budget] | None:
+        self._context = context
+        self._score_shadows(context)
+        name, k = self.cascade.next_arm()
+        self.arm, self.phase = f"{name}@{k}" if k else "plain", self.cascade.phase
+        if (name, k) == PLAIN:
+            for w in self.watched:
+                budget = Budget(self.curve, self.n_seq_max, self.cascade.k_start(w))
+                proposal = self.members[w].propose(context, budget)
+                self._shadows.append((w, len(context), budget.size(proposal)))
+            return None
+        return self.members[name], Budget(self.curve, self.n_seq_max, k)
+
+    def record(self, tokens: int, seconds: float, drafted: int, accepted: int) -> None:
+        name = self.cascade.next_arm()[0]
+        if name:
+            self.acceptance[name].add(accepted, drafted)
+            if name != self._previous:
+                seconds -= self.members[name].t_catch_up
+        self._previous = name
+        self.cascade.record(tokens, seconds)
+
+    def _score_shadows(self, context: list[int]) -> None:
+        """Report to Cascade each watched proposal whose outcome the context now decides."""
+        waiting = []
+        for name, start, tree in self._shadows:
+            n, final = tree.walk(context[start:])
+            if final:
+                self.cascade.shadow(name, 1 + n, self.curve.cost(1 + len(tree)) / self.curve.cost(1))
+            else:
+                waiting.append((name, start, tree))
+        self._shadows = waiting
+
+    def predict_k(self, name: str) -> int:
+        """The K that maximises expected speed over a trial for a chain whose tokens are each
+        accepted at this drafter's measured rate a, cost its drafting time t per token, after
+        catching up with the context once (c seconds): per iteration
+        (1 + a + ... + a^K) / (cost(1 + K) + K t + c / trial), against 1 / cost(1) for plain
+        decoding; 0 when no K beats plain. A drafter that drafts for free (prompt lookup) is
+        never predicted out: its trials judge it."""
+        t, c = self.members[name].drafting_seconds(self._context, self.curve.cost(1))
+        a = min(0.99, self.acceptance[name].value)
+        ks = np.arange(1, len(self.curve.seconds))
+        gain = (1 - a ** (ks + 1)) / (1 - a)  # 1 + a + ... + a^K
+        cost = np.array([self.curve.cost(1 + k) for k in ks]) + ks * t + c / self.cascade.cfg.trial
+        rate = gain / cost
+        best = int(np.argmax(rate))
+        if rate[best] * self.curve.cost(1) >= 1.0 or (t == 0 and c == 0):
+            return int(ks[best])
+        return 0

@@ -1,0 +1,147 @@
+"""What every drafter is: one base class with a lifecycle, and the budget it drafts within.
+
+A request's life, as the loop (localspec/loop.py) drives it:
+
+    begin(prompt, sampling)          a request starts: per-request state (sampler, seed, head)
+    propose(context, budget)         -> DraftTree: guesses for what follows `context`
+    observe(tree, verdict)           what the target accepted of that proposal
+    commit(ctx, first_pos, rows)     feature drafters only: the target's hidden states of the
+                                     positions it just committed (batch rows of its last decode)
+    close()                          the engine is done with the drafter
+
+Drafters are loaded once per engine and serve any sampling settings: nothing about a request
+is fixed at construction."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from localspec.llama.context import Context
+from localspec.llama.cost import CostCurve
+from localspec.sampling import SamplingConfig
+from localspec.verify import DraftTree, Verdict
+
+
+class Budget:
+    """What one proposal may hold: at most `max_nodes` nodes, each worth its place by the cost
+    curve (expected tokens per second), or, with `static`, up to max_nodes whatever they cost
+    (a static K: the configurations Cascade is measured against)."""
+
+    def __init__(self, curve: CostCurve, n_seq_max: int, max_nodes: int | None = None,
+                 static: bool = False):
+        self.curve = curve
+        self.n_seq_max = n_seq_max
+        self.static = static
+        n_curve = len(curve.seconds) - 1
+        self.max_nodes = n_curve if max_nodes is None else max_nodes if static else min(max_nodes, n_curve)
+
+    def within(self, n: int) -> Budget:
+        """This budget, holding at most n nodes (the room left in the request or context)."""
+        if n >= self.max_nodes:
+            return self
+        return Budget(self.curve, self.n_seq_max, n, self.static)
+
+    def size(self, tree: DraftTree) -> DraftTree:
+        """The prefix of `tree` (nodes best first) to verify. Cost-aware: the one with the best
+        expected rate, (1 + sum of reach) tokens for cost(1 + n) seconds, or none (a plain
+        step: 1 token for cost(1)); drafting time is spent by now, so it does not count. At
+        most n_seq_max root-to-leaf paths either way (one sequence each)."""
+        n_max = min(len(tree), self.max_nodes)
+        if self.static:
+            while n_max and tree.prefix(n_max).n_leaves() > self.n_seq_max:
+                n_max -= 1
+            return tree.prefix(n_max)
+        gain = 1.0 + np.concatenate([[0.0], np.cumsum(tree.reach[:n_max])])
+        cost = np.array([self.curve.cost(1 + n) for n in range(n_max + 1)])
+        for n in np.argsort(-(gain / cost), kind="stable"):
+            if n == 0 or tree.prefix(int(n)).n_leaves() <= self.n_seq_max:
+                return tree.prefix(int(n))
+        return tree.prefix(0)
+
+    def worth_drafting(self, reach: float, t_draft_token: float, depth: int) -> bool:
+        """Should a sequential drafter draft one more token? Its expected gain `reach` must
+        pay for drafting it and for the larger verification batch."""
+        return reach > self.min_reach(t_draft_token, depth)
+
+    def min_reach(self, t_draft_token: float, depth: int) -> float:
+        """The reach a token drafted at `depth` needs to be worth drafting (0 for a static K:
+        it drafts all K)."""
+        if self.static:
+            return 0.0
+        extra = self.curve.cost(depth + 2) - self.curve.cost(depth + 1) + t_draft_token
+        return extra / self.curve.cost(1)
+
+
+class Drafter:
+    """The base of every drafter; each method's default does nothing."""
+
+    name = "drafter"
+    # > 0: the drafter reads the target's hidden states (Jakiro): of this many of the prompt's
+    # last positions, and of every position committed after them.
+    feature_window = 0
+    # Drafts at no cost (prompt lookup): Cascade may watch what it would have proposed while
+    # plain decoding runs.
+    free = False
+    t_catch_up = 0.0  # seconds the last proposal spent catching up with the context
+
+    def begin(self, prompt: list[int], sampling: SamplingConfig) -> None:
+        """A request starts from `prompt` (the whole of it) with these sampling settings."""
+
+    def propose(self, context: list[int], budget: Budget) -> DraftTree:
+        """A tree of guesses for what follows `context` (which ends with the root: the last
+        token emitted), with the drafter's estimate that the target accepts each node."""
+        return DraftTree.empty()
+
+    def observe(self, tree: DraftTree, verdict: Verdict) -> None:
+        """What the target accepted of the last proposal."""
+
+    def commit(self, ctx: Context, first_pos: int, rows: list[int]) -> None:
+        """The target just decoded context positions first_pos, first_pos + 1, ... at these
+        batch rows of its last decode; anything known of later positions is stale."""
+
+    def drafting_seconds(self, context: list[int], t_target: float) -> tuple[float, float]:
+        """(seconds per drafted token, seconds to catch up with `context` first): what Cascade
+        weighs against what the drafter may gain. t_target: one target forward."""
+        return 0.0, 0.0
+
+    def close(self) -> None:
+        """Free what the drafter holds (model contexts, native runtimes)."""
+
+
+def rerank(parents: list[int], reach: list[float], n: int) -> tuple[list[int], list[int]]:
+    """EAGLE-2's reranking of a grown tree (parents before children, a child never likelier
+    than its parent): the n likeliest nodes, which on ties keep the earlier node, so every kept
+    node's parent is kept too. Returns their old indices in topological order (by depth, then
+    likelihood) and their parents as new indices."""
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    keep = sorted(range(len(parents)), key=lambda i: -reach[i])[:n]
+    order = sorted(keep, key=lambda i: (depth[i], -reach[i]))
+    index = {old: new for new, old in enumerate(order)}
+    return order, [index[parents[i]] if parents[i] >= 0 else -1 for i in order]
+
+
+class DecayingRatio:
+    """A ratio of two running sums with a prior worth `weight` observations. Evidence decays
+    every iteration, drafted or not, so an estimate drifts back to its prior while a drafter
+    sits unused and the drafter gets tried again later. Drafters use it two ways: as a
+    calibration (tokens accepted / tokens their estimates predicted) and as a chain
+    acceptance rate (accepted / (accepted + rejections), a geometric run's estimate)."""
+
+    def __init__(self, prior: float, weight: float = 4.0, decay: float = 0.97):
+        self.prior, self.weight, self.decay = prior, weight, decay
+        self.num = 0.0
+        self.den = 0.0
+
+    @property
+    def value(self) -> float:
+        return (self.num + self.weight * self.prior) / (self.den + self.weight)
+
+    def tick(self) -> None:
+        self.num *= self.decay
+        self.den *= self.decay
+
+    def add(self, num: float, den: float) -> None:
+        self.num += num
+        self.den += den

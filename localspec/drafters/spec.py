@@ -1,0 +1,117 @@
+"""Which drafter to run, as one typed value: parsed from the command line's `--drafter`, named
+the same way in every table, footer and log."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from localspec.errors import LocalspecError
+
+KINDS = ("auto", "none", "lookup", "draft", "draft-tree", "jakiro")
+
+HELP = ("auto[:D+D...] (the default: Cascade picks the drafter and K per request and phase, or "
+        "plain decoding, among every drafter available or those listed) | none | lookup | "
+        "draft[:MODEL][,head=FILE|on|off] | draft-tree[:MODEL][,head=...] | "
+        "jakiro[:FILE][,width=N][,branch=N][,cepd=on|off][,vocab=draft|full][,head=FILE|on|off]; "
+        "any but auto and none may end in @K, a static K. MODEL: a registry name or a .gguf "
+        "(default: qwen2.5-coder-0.5b-instruct); FILE: a Jakiro drafter (default: the one that "
+        "ships for the target); head: the acceptance head (default: the one trained for the "
+        "pair, if any)")
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    kind: str                 # one of KINDS
+    model: str = ""           # draft: MODEL, jakiro: FILE; "" for the default
+    k: int | None = None      # a static K: always up to K draft tokens, all verified
+    head: str = "auto"        # draft, jakiro: auto (if trained) | on (must exist) | off | FILE
+    width: int = 4            # jakiro: nodes expanded per depth
+    branch: int = 2           # jakiro: tokens per branch
+    cepd: bool = True         # jakiro: contrastive parallel decoding for the last two steps
+    full_vocab: bool = False  # jakiro: score every target token, not its draft vocabulary
+    members: tuple[DrafterSpec, ...] = ()  # auto: () for every drafter available
+
+    @staticmethod
+    def parse(text: str) -> DrafterSpec:
+        """`KIND[:ARG][,OPTION=VALUE...][@K]`, as in HELP; one line saying what is wrong
+        otherwise."""
+        text = text.strip()
+        k = None
+        m = re.fullmatch(r"(.*)@(\d+)", text)
+        if m:
+            text, k = m.group(1), int(m.group(2))
+            if k < 1:
+                raise LocalspecError(f"bad drafter '{text}@{k}': K must be at least 1")
+        kind = re.match(r"[^:,]*", text).group()
+        if kind not in KINDS:
+            raise LocalspecError(f"unknown drafter '{text}' (one of: {', '.join(KINDS)})")
+        rest = text[len(kind):]
+        if kind in ("none", "auto") and k is not None:
+            raise LocalspecError(f"{kind} takes no @K" + (" (it chooses K itself)" if kind == "auto" else ""))
+        if kind == "auto":
+            if rest and not rest.startswith(":"):
+                raise LocalspecError(f"bad drafter '{text}': auto[:D+D...]")
+            members = tuple(DrafterSpec.parse(d) for d in rest[1:].split("+")) if rest else ()
+            for d in members:
+                if d.kind in ("auto", "none") or d.k is not None:
+                    raise LocalspecError(f"auto's members are drafters without @K, not '{d.label}'")
+            return DrafterSpec("auto", members=members)
+        if kind in ("none", "lookup"):
+            if rest:
+                raise LocalspecError(f"{kind} takes no options (got '{rest}')")
+            return DrafterSpec(kind, k=k)
+        arg, *pairs = rest.removeprefix(":").split(",")
+        spec = DrafterSpec(kind, model=arg, k=k)
+        for pair in pairs:
+            spec = _option(spec, *pair.partition("=")[::2], pair)
+        return spec
+
+    @property
+    def label(self) -> str:
+        """The name tables and footers show: files by their stem, options that differ from
+        the defaults, the static K."""
+        if self.kind == "auto":
+            return "auto" + (":" + "+".join(d.label for d in self.members) if self.members else "")
+        model = Path(self.model).stem if "/" in self.model or self.model.endswith(".gguf") else self.model
+        default = DrafterSpec(self.kind)
+        options = [f"{key}={value}" for key, value in self._options().items()
+                   if value != default._options()[key]]
+        return (self.kind + (":" + model if model else "") + "".join("," + o for o in options)
+                + (f"@{self.k}" if self.k else ""))
+
+    def _options(self) -> dict[str, str]:
+        options = {"head": Path(self.head).stem if self.head not in ("auto", "on", "off") else self.head}
+        if self.kind == "jakiro":
+            options |= {"width": str(self.width), "branch": str(self.branch),
+                        "cepd": "on" if self.cepd else "off",
+                        "vocab": "full" if self.full_vocab else "draft"}
+        return options if self.kind in ("draft", "draft-tree", "jakiro") else {}
+
+    @property
+    def uses_features(self) -> bool:
+        """Whether it names a drafter that reads the target's hidden states (Jakiro)."""
+        return self.kind == "jakiro" or any(d.uses_features for d in self.members)
+
+    def without_k(self) -> DrafterSpec:
+        return replace(self, k=None)
+
+
+AUTO = DrafterSpec("auto")
+NONE = DrafterSpec("none")
+
+
+def _option(spec: DrafterSpec, key: str, value: str, pair: str) -> DrafterSpec:
+    jakiro = spec.kind == "jakiro"
+    if key == "head" and value:
+        return replace(spec, head=value)
+    if jakiro and key in ("width", "branch") and value.isdigit() and int(value) >= 1:
+        return replace(spec, **{key: int(value)})
+    if jakiro and key == "cepd" and value in ("on", "off"):
+        return replace(spec, cepd=value == "on")
+    if jakiro and key == "vocab" and value in ("draft", "full"):
+        return replace(spec, full_vocab=value == "full")
+    allowed = "width=N, branch=N, cepd=on|off, vocab=draft|full, head=FILE|on|off" if jakiro \
+        else "head=FILE|on|off"
+    raise LocalspecError(f"bad {spec.kind} option '{pair}' ({allowed})")

@@ -1,0 +1,374 @@
+"""The engine every surface holds for as long as it runs: the target model and its context,
+the cost curve, and the drafters loaded so far. It runs one request at a time; a request
+goes in, events come out (text as it is written, then one final event), and closing the
+stream, or setting its cancel flag, stops generation within one iteration."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+from localspec import store
+from localspec.control.controllers import CascadeController, Fixed, Plain
+from localspec.drafters.acceptance_head import AcceptanceHead
+from localspec.drafters.base import Budget, Drafter
+from localspec.drafters.draft_model import DraftModelDrafter, check_same_vocabulary, draft_context
+from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime
+from localspec.drafters.lookup import LookupDrafter
+from localspec.drafters.spec import AUTO, DrafterSpec
+from localspec.errors import LocalspecError
+from localspec.llama import Context, Model
+from localspec.llama.context import ContextConfig
+from localspec.llama.cost import CostCurve, Progress, cost_curve
+from localspec.llama.model import LogHandler, set_log_handler
+from localspec.llama.text import chat_tokens, complete_utf8_prefix
+from localspec.loop import Controller, Iteration, Stats, run
+from localspec.sampling import SamplingConfig
+
+DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b-instruct"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = store.DEFAULT_MODEL
+    n_ctx: int = 4096
+    threads: int = 0
+    n_gpu_layers: int = 0
+    flash_attn: str = "auto"
+    n_seq_max: int = 8     # root-to-leaf paths a draft tree may have
+    # Greedy output bit-identical to plain decoding, not only up to ties: plain weight layouts
+    # and a bf16 KV cache, under which llama.cpp's CPU batches of up to 6 tokens reproduce
+    # single-token decoding exactly (the cost curve measures how far), and every batch (prompt
+    # chunks too) kept within that size. Where no batch is exact, near-ties are settled instead.
+    strict: bool = False
+    # Plan as if every verification batch cost one single-token forward (a GPU's shape): the
+    # drafters' tau, not this machine's trade-off, decides how much they draft.
+    flat_cost: bool = False
+    drafter: DrafterSpec = AUTO  # what requests that name none run
+    # The target's hidden states, for feature drafters (Jakiro); None: when `drafter` may
+    # run one (auto does when a Jakiro drafter ships for the target).
+    features: bool | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: str | Sequence[int] = ""          # text (tokenized as the model wants) or tokens
+    messages: Sequence[dict] | None = None    # or a chat, through the model's template
+    sampling: SamplingConfig = SamplingConfig()
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()                # never part of the text; generation ends there
+    drafter: DrafterSpec | None = None        # None: the engine's
+    ignore_eog: bool = False                  # benchmarks: run on past end-of-generation
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Text the answer grew by, as runs of (text, the drafter that drafted it or None for the
+    target's own tokens)."""
+    pieces: tuple[tuple[str, str | None], ...]
+    n_tokens: int   # tokens generated since the last delta
+    n_drafted: int  # of them, from accepted drafts
+    arm: str        # what the controller ran ("plain", "lookup@3", ...)
+
+    @property
+    def text(self) -> str:
+        return "".join(text for text, _ in self.pieces)
+
+
+@dataclass(frozen=True)
+class Done:
+    reason: str         # "eog" (end of generation), "stop" (a stop string), "length", "cancelled"
+    text: str           # the whole answer
+    tokens: list[int]   # every token generated (past a stop string too)
+    stats: Stats
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig = EngineConfig(), progress: Progress | None = None,
+                 log: LogHandler | None = None):
+        """`progress` hears about loading and measuring; `log` receives llama.cpp's log
+        (process-wide: the last engine made sets it)."""
+        if log is not None:
+            set_log_handler(log)
+        self.cfg = cfg
+        self.progress = progress or (lambda what, done, total: None)
+        self.loads: collections.Counter[str] = collections.Counter()  # model files loaded
+        path = store.resolve(cfg.model)
+        self.model = self._load(path, repack=not cfg.strict)
+        # Feature drafters read the target's hidden states: the context returns them whenever
+        # one may run, decided once here.
+        features = cfg.features if cfg.features is not None else cfg.drafter.uses_features or (
+            cfg.drafter.kind == "auto" and not cfg.drafter.members and store.shipped_drafter(path) is not None)
+        self.ctx = Context(self.model, ContextConfig(
+            n_ctx=cfg.n_ctx, n_threads=cfg.threads, flash_attn=cfg.flash_attn, n_seq_max=cfg.n_seq_max,
+            kv_type="bf16" if cfg.strict else "f16", embeddings=features))
+        self._curve: CostCurve | None = None
+        self._drafters: dict[DrafterSpec, Drafter] = {}
+        self._controllers: dict[DrafterSpec, Controller] = {}
+        # What drafters share, loaded once: draft model contexts, Jakiro runtimes, heads.
+        self._draft_ctxs: dict[Path, Context] = {}
+        self._runtimes: dict[tuple, JakiroRuntime] = {}
+        self._head_cache: dict[tuple, AcceptanceHead] = {}
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        if cfg.strict:
+            curve = self.curve
+            if curve.exact_batch >= 2:  # prompts too in batches that reproduce single tokens
+                self.ctx.chunk, self.ctx.all_exact = curve.exact_batch, True
+
+    # --- what the engine holds ---------------------------------------------------------------
+
+    @property
+    def curve(self) -> CostCurve:
+        if self._curve is None:
+            curve = cost_curve(self.ctx, progress=self.progress)
+            if self.cfg.flat_cost:
+                curve = replace(curve, seconds=[curve.seconds[0]] * len(curve.seconds))
+            self._curve = curve
+        return self._curve
+
+    def _load(self, path: Path, repack: bool = True) -> Model:
+        what = f"loading {path.stem}"
+        model = Model(path, self.cfg.n_gpu_layers, repack, lambda share: self.progress(what, share, 1.0))
+        self.loads[str(path)] += 1
+        return model
+
+    def drafter(self, spec: DrafterSpec) -> Drafter:
+        """The drafter a spec names, loaded on first use and kept (its K is the controller's)."""
+        key = spec.without_k()
+        if key not in self._drafters:
+            if spec.kind == "lookup":
+                d: Drafter = LookupDrafter()
+            elif spec.kind in ("draft", "draft-tree"):
+                ctx = self._draft_context(store.resolve(spec.model or DEFAULT_DRAFT_MODEL))
+                d = DraftModelDrafter(ctx, self.model, width=4 if spec.kind == "draft-tree" else 1,
+                                      heads=self._heads(spec.head, ctx.model), head_required=spec.head == "on")
+            elif spec.kind == "jakiro":
+                rt = self._jakiro_runtime(spec)
+                d = JakiroDrafter(rt, spec.width, spec.branch, spec.cepd, self._heads(spec.head, rt),
+                                  head_required=spec.head == "on")
+            else:
+                raise LocalspecError(f"'{spec.label}' is not a drafter")
+            self._drafters[key] = d
+        return self._drafters[key]
+
+    def _draft_context(self, path: Path) -> Context:
+        if path not in self._draft_ctxs:
+            model = self._load(path)
+            try:
+                check_same_vocabulary(self.model, model)
+            except LocalspecError:
+                model.close()
+                raise
+            self._draft_ctxs[path] = draft_context(model, self.cfg.n_ctx, self.cfg.threads)
+        return self._draft_ctxs[path]
+
+    def _jakiro_runtime(self, spec: DrafterSpec) -> JakiroRuntime:
+        path = Path(spec.model) if spec.model else store.shipped_drafter(self.model.path)
+        if path is None:
+            raise LocalspecError(f"no Jakiro drafter ships for {self.model.path.stem}: train one "
+                                 "(localspec train jakiro) and pass --drafter jakiro:FILE")
+        if not self.ctx.config.embeddings:
+            raise LocalspecError("this engine was started without the target's hidden states, "
+                                 "which Jakiro reads: start it with --drafter jakiro")
+        key = ("jakiro", path, spec.full_vocab)
+        if key not in self._runtimes:
+            self._runtimes[key] = JakiroRuntime(path, self.model, self.cfg.n_ctx, self.cfg.threads,
+                                                full_vocab=spec.full_vocab)
+            self.loads[str(path)] += 1
+        return self._runtimes[key]
+
+    def _heads(self, choice: str, draft: Model | JakiroRuntime) -> dict[str, AcceptanceHead | None]:
+        """The acceptance head for greedy and sampled drafting: a FILE for both, none when off,
+        else the one trained for this pair and label, if any."""
+        def head(path: Path | None) -> AcceptanceHead | None:
+            if path is None:
+                return None
+            key = (path, draft.path)
+            if key not in self._head_cache:
+                self._head_cache[key] = AcceptanceHead(path, draft, self.model)
+                self.loads[str(path)] += 1
+            return self._head_cache[key]
+
+        if choice == "off":
+            return {"greedy": None, "sampled": None}
+        if choice not in ("auto", "on"):
+            return dict.fromkeys(("greedy", "sampled"), head(Path(choice)))
+        return {label: head(store.acceptance_head(self.model.path, draft.path, label))
+                for label in ("greedy", "sampled")}
+
+    def controller(self, spec: DrafterSpec) -> Controller:
+        """What runs a request with this spec; auto's Cascade keeps what it learnt across
+        requests."""
+        if spec.kind == "none":
+            return Plain()
+        if spec.kind != "auto":
+            budget = Budget(self.curve, self.cfg.n_seq_max, spec.k, static=spec.k is not None)
+            return Fixed(self.drafter(spec), budget, spec.label)
+        if spec not in self._controllers:
+            members = spec.members or self.available()
+            self._controllers[spec] = CascadeController(
+                {d.label: self.drafter(d) for d in members}, self.curve, self.cfg.n_seq_max)
+        return self._controllers[spec]
+
+    def available(self) -> list[DrafterSpec]:
+        """What auto chooses among: prompt lookup; the default draft model when it is pulled,
+        is not the target and shares its tokenizer; the Jakiro drafter that ships for the
+        target, if one does (and the context returns hidden states)."""
+        found = [DrafterSpec("lookup")]
+        try:
+            path = store.resolve(DEFAULT_DRAFT_MODEL, pull_missing=False)
+            if path != self.model.path:
+                with Model(path, vocab_only=True) as vocab:  # seconds less than loading it
+                    check_same_vocabulary(self.model, vocab)
+                self.drafter(DrafterSpec("draft"))
+                found.append(DrafterSpec("draft"))
+        except LocalspecError:
+            pass
+        if store.shipped_drafter(self.model.path) is not None and self.ctx.config.embeddings:
+            found.append(DrafterSpec("jakiro"))
+        return found
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def prompt_tokens(self, request: Request) -> list[int]:
+        if request.messages is not None:
+            return chat_tokens(self.model, list(request.messages))
+        if isinstance(request.prompt, str):
+            return self.model.tokenize(request.prompt)
+        return list(request.prompt)
+
+    def generate(self, request: Request, cancel: threading.Event | None = None,
+                 on_iteration: Callable[[Iteration], None] | None = None) -> Iterator[Delta | Done]:
+        """Run `request`: Delta events as text is written (never part of a stop string, never
+        half a character), then one Done. `cancel` set, or the stream closed, ends it after
+        the iteration under way; the cache is left consistent either way."""
+        me = threading.get_ident()
+        if self._owner == me:
+            raise LocalspecError("a request is still running on this engine: finish or close its stream first")
+        with self._lock:
+            self._owner = me
+            try:
+                yield from self._generate(request, cancel, on_iteration)
+            finally:
+                self._owner = None
+
+    def _generate(self, request: Request, cancel, on_iteration) -> Iterator[Delta | Done]:
+        tokens = self.prompt_tokens(request)
+        if not tokens:
+            raise LocalspecError("empty prompt")
+        if request.max_tokens < 1:
+            raise LocalspecError("max_tokens must be at least 1")
+        spec = request.drafter or self.cfg.drafter
+        controller = self.controller(spec)
+        tie_bound, max_batch = 0.0, None
+        if self.cfg.strict and spec.kind != "none":
+            if request.sampling.temperature > 0:
+                raise LocalspecError("--strict applies to greedy decoding (temperature 0)")
+            if self.curve.exact_batch >= 2:
+                max_batch = self.curve.exact_batch
+            else:
+                tie_bound = self.curve.discrepancy * 2
+        stats = Stats()
+        text = TextStream(self.model, request.stop)
+        generated: list[int] = []
+        reason = None
+        steps = run(self.ctx, controller, tokens, request.sampling, request.max_tokens, stats,
+                    tie_bound, max_batch, stop_at_eog=not request.ignore_eog)
+        try:
+            while reason is None:
+                if cancel is not None and cancel.is_set():  # seen before the next iteration
+                    reason = "cancelled"
+                    break
+                it = next(steps, None)
+                if it is None:
+                    break
+                if on_iteration:
+                    on_iteration(it)
+                generated += it.tokens
+                for i, token in enumerate(it.tokens):
+                    if self.model.is_eog(token) and not request.ignore_eog:
+                        reason = "eog"
+                        break
+                    text.feed(token, it.drafter if i < it.n_accepted else None)
+                    if text.stopped:
+                        reason = "stop"
+                        break
+                yield Delta(text.take(final=reason is not None), len(it.tokens), it.n_accepted, it.arm)
+        finally:
+            steps.close()
+        if reason in (None, "cancelled"):  # the request's max_tokens, the context's end, or cancelled
+            reason = reason or "length"
+            rest = text.take(final=True)
+            if rest:
+                yield Delta(rest, 0, 0, controller.arm)
+        yield Done(reason, text.text, generated, stats)
+
+    def close(self) -> None:
+        for d in self._drafters.values():
+            d.close()
+        for ctx in self._draft_ctxs.values():
+            ctx.close()
+            ctx.model.close()
+        self.ctx.close()
+        self.model.close()
+
+
+class TextStream:
+    """Tokens in, text out: never half a UTF-8 character, never any part of a stop string
+    (text that could begin one waits until it cannot), each run of text marked with where its
+    tokens came from. The text ends before the first stop string to appear in full."""
+
+    def __init__(self, model: Model, stops: Sequence[str] = ()):
+        self.model = model
+        self.stops = [s for s in stops if s]
+        self.bytes = b""  # an incomplete character
+        self.held: list[list] = []  # [text, source] runs not yet given out
+        self.text = ""  # everything given out
+        self.stopped = False
+        self._out: list[tuple[str, str | None]] = []
+
+    def feed(self, token: int, source: str | None) -> None:
+        self.bytes += self.model.token_bytes(token)
+        n = complete_utf8_prefix(self.bytes)
+        new, self.bytes = self.bytes[:n].decode("utf-8", "replace"), self.bytes[n:]
+        if not new or self.stopped:
+            return
+        if self.held and self.held[-1][1] == source:
+            self.held[-1][0] += new
+        else:
+            self.held.append([new, source])
+        held = "".join(t for t, _ in self.held)
+        found = [i for i in (held.find(s) for s in self.stops) if i >= 0]
+        if found:
+            self._release(min(found))
+            self.held, self.stopped = [], True
+            return
+        # Keep back the longest end of the text that begins a stop string.
+        keep = max((k for s in self.stops for k in range(1, len(s)) if held.endswith(s[:k])), default=0)
+        self._release(len(held) - keep)
+
+    def take(self, final: bool = False) -> tuple[tuple[str, str | None], ...]:
+        """The runs of text given out since the last call (at the end, all that is held)."""
+        if final and not self.stopped:
+            if self.bytes:
+                self.held.append([self.bytes.decode("utf-8", "replace"), None])
+                self.bytes = b""
+            self._release(sum(len(t) for t, _ in self.held))
+        out, self._out = tuple(self._out), []
+        return out
+
+    def _release(self, n: int) -> None:
+        while n > 0 and self.held:
+            text, source = self.held[0]
+            part = text[:n]
+            self._out.append((part, source))
+            self.text += part
+            n -= len(part)
+            if len(part) == len(text):
+                self.held.pop(0)
+            else:
+                self.held[0][0] = text[len(part):]

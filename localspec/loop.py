@@ -1,0 +1,200 @@
+"""One request's generation, iteration by iteration: the controller picks a drafter and a
+budget (or plain decoding), the drafter proposes a tree, the target decodes the pending tokens
+and the tree in one forward, exact acceptance keeps precisely what the target would have
+produced (greedy: the same tokens; T > 0: the same distribution), and the controller hears
+what the iteration emitted and cost. Plain decoding is the same iteration with an empty tree.
+
+The files one iteration runs through: this one, drafters/base.py (Drafter, Budget),
+verify.py (DraftTree, verify_tree) and llama/context.py (decode, the KV cache)."""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol, Sequence
+
+from localspec.control.controllers import Plain
+from localspec.drafters.base import Budget, Drafter
+from localspec.llama.context import Context
+from localspec.sampling import SamplingConfig, TokenSampler
+from localspec.verify import DraftTree, verify_tree
+
+
+class Controller(Protocol):
+    """What the loop asks of a controller (control/controllers.py has them)."""
+
+    drafters: Sequence[Drafter]  # every drafter it may choose: they follow the request
+    arm: str    # what the last choice runs, "plain" or a drafter and its K ("lookup@3")
+    phase: str  # the phase that choice belongs to ("test 3"; "" for controllers without)
+
+    def begin(self) -> None: ...
+
+    def choose(self, context: list[int]) -> tuple[Drafter, Budget] | None: ...
+
+    def record(self, tokens: int, seconds: float, drafted: int, accepted: int) -> None: ...
+
+
+@dataclass
+class Stats:
+    """A request's numbers, under the names llama.cpp's server uses (given to several
+    requests, their sums)."""
+    prompt_n: int = 0          # prompt tokens decoded (not taken from the cache)
+    cache_n: int = 0           # prompt tokens taken from the cache
+    prompt_ms: float = 0.0     # preparing the request, decoding its prompt, the first token
+    predicted_n: int = 0       # tokens generated
+    predicted_ms: float = 0.0  # generating them after the first
+    draft_n: int = 0           # draft tokens verified
+    draft_n_accepted: int = 0  # of those, accepted
+    forwards: int = 0          # target forwards while generating (one per iteration, and
+    settled: int = 0           # --strict: one more per near-tie settled by a single token)
+    ran: collections.Counter = field(default_factory=collections.Counter)  # iterations per arm
+
+    @property
+    def predicted_per_second(self) -> float:
+        """After the first token (which comes with the prompt's forward)."""
+        n = self.predicted_n - 1
+        return n / self.predicted_ms * 1e3 if n > 0 and self.predicted_ms > 0 else 0.0
+
+    @property
+    def tau(self) -> float:
+        """Tokens per target forward (the prompt's emits the first)."""
+        return self.predicted_n / (self.forwards + 1) if self.predicted_n else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.draft_n_accepted / self.draft_n if self.draft_n else 0.0
+
+    def summary(self) -> str:
+        line = (f"{self.predicted_per_second:.2f} tokens/s · prompt {self.prompt_n} tokens in "
+                f"{self.prompt_ms / 1e3:.2f}s" + (f" ({self.cache_n} cached)" if self.cache_n else "")
+                + f" · generated {self.predicted_n} tokens in {self.predicted_ms / 1e3:.2f}s")
+        if self.draft_n:
+            line += (f"\nτ {self.tau:.2f} tokens/forward · acceptance {self.acceptance:.1%} · drafted "
+                     f"{self.draft_n} · accepted {self.draft_n_accepted}"
+                     + (f" · settled {self.settled}" if self.settled else "")
+                     + " · ran " + ", ".join(f"{arm} ×{n}" for arm, n in self.ran.most_common()))
+        return line
+
+    def as_dict(self) -> dict:
+        return {"prompt_n": self.prompt_n, "prompt_ms": self.prompt_ms, "cache_n": self.cache_n,
+                "predicted_n": self.predicted_n, "predicted_ms": self.predicted_ms,
+                "predicted_per_second": self.predicted_per_second, "draft_n": self.draft_n,
+                "draft_n_accepted": self.draft_n_accepted, "tau": self.tau,
+                "ran": dict(self.ran)}
+
+
+@dataclass(frozen=True)
+class Iteration:
+    arm: str             # the controller's choice ("plain", "lookup@3", ...; "prompt": the first token)
+    phase: str           # its phase ("test 3"), for traces
+    drafter: str | None  # the drafter's name, if one proposed
+    tokens: list[int]    # emitted: accepted draft tokens first, then the target's own
+    n_accepted: int      # how many of `tokens` came from the draft
+    n_drafted: int       # draft tokens verified
+    seconds: float
+
+
+def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: SamplingConfig,
+        max_tokens: int, stats: Stats | None = None, tie_bound: float = 0.0,
+        max_batch: int | None = None, stop_at_eog: bool = True) -> Iterator[Iteration]:
+    """Generate up to `max_tokens` after `prompt`, an iteration at a time; stops after an
+    end-of-generation token (which is emitted) unless stop_at_eog is off. With tie_bound > 0
+    (strict, greedy) a position whose top-two gap in the batched logits is below it is
+    decided by a single-token forward, as plain decoding would; `max_batch` caps every target
+    forward (strict: the largest batch that reproduces single-token decoding). Closing the
+    generator between iterations leaves the KV cache holding exactly ctx.tokens."""
+    t0 = time.perf_counter()
+    stats = stats if stats is not None else Stats()
+    prompt = list(prompt)
+    drafters = controller.drafters
+    for d in drafters:
+        d.begin(prompt, sampling)
+    controller.begin()
+    sampler = TokenSampler(sampling, prompt)
+    followers = [d for d in drafters if d.feature_window]  # they read the target's features
+
+    def commit(first_pos: int, rows: list[int]) -> None:
+        for d in followers:
+            d.commit(ctx, first_pos, rows)
+
+    window = max((d.feature_window for d in followers), default=1)
+    reused, logits = ctx.prefill(prompt, window, commit if followers else None)
+    max_tokens = min(max_tokens, ctx.n_ctx - len(prompt) + 1)  # stop where the context ends
+    first = sampler.sample(logits)
+    sampler.extend([first])
+    t_start = time.perf_counter()
+    stats.cache_n += reused
+    stats.prompt_n += len(prompt) - reused
+    stats.prompt_ms += (t_start - t0) * 1e3
+    stats.predicted_n += 1
+    yield Iteration("prompt", "", None, [first], 0, 0, t_start - t0)
+    n_out = 1
+    pending = [first]  # emitted, not yet in the KV cache; the last is the next tree's root
+    while n_out < max_tokens and not (stop_at_eog and ctx.model.is_eog(first)):
+        t_iter = time.perf_counter()
+        context = ctx.tokens + pending
+        choice = controller.choose(context)
+        arm, phase = controller.arm, controller.phase
+        room = min(max_tokens - n_out - 1, ctx.n_ctx - len(context) - 1,
+                   (max_batch or ctx.n_ctx) - len(pending))
+        tree, drafter = DraftTree.empty(), None
+        if choice is not None and room > 0:
+            drafter, budget = choice[0], choice[1].within(room)
+            tree = budget.size(drafter.propose(context, budget))
+        n_past = len(ctx.tokens)
+        verdict = verify_tree(ctx, tree, pending, sampler, tie_bound, all_pending_rows=bool(followers))
+        if followers:  # the pending rows, then the accepted nodes the cache kept
+            commit(n_past, list(range(len(pending) + verdict.n_cached)))
+        if drafter is not None:
+            drafter.observe(tree, verdict)
+        emitted = verdict.tokens
+        pending = emitted[verdict.n_cached:len(verdict.path)]  # accepted, not cached
+        forwards = 1
+        sampler.extend(emitted)
+        if verdict.unsettled:
+            emitted.append(settle(ctx, sampler, pending))
+            sampler.extend(emitted[-1:])
+            pending = []
+            forwards += 1
+            stats.settled += 1
+        pending.append(emitted[-1])
+        n_accepted = len(verdict.path)
+        for i, token in enumerate(emitted):  # the request may end inside what was emitted
+            if (stop_at_eog and ctx.model.is_eog(token)) or n_out + i + 1 == max_tokens:
+                del emitted[i + 1:]
+                n_accepted = min(n_accepted, len(emitted))
+                break
+        seconds = time.perf_counter() - t_iter
+        controller.record(len(emitted), seconds, len(tree), len(verdict.path))
+        n_out += len(emitted)
+        stats.predicted_n += len(emitted)
+        stats.predicted_ms += seconds * 1e3
+        stats.forwards += forwards
+        stats.draft_n += len(tree)
+        stats.draft_n_accepted += len(verdict.path)
+        stats.ran[arm] += 1
+        yield Iteration(arm, phase, drafter.name if drafter else None, emitted, n_accepted,
+                        len(tree), seconds)
+        if stop_at_eog and ctx.model.is_eog(emitted[-1]):
+            return
+
+
+def settle(ctx: Context, sampler: TokenSampler, pending: list[int]) -> int:
+    """Draw the token after the accepted path (already in the sampler's history) from
+    single-token forwards of what is not yet in the cache (at least the path's last token),
+    as plain decoding computes it."""
+    if not pending:
+        pending = ctx.tokens[-1:]
+        ctx.truncate(len(ctx.tokens) - 1)
+    for token in pending:
+        ctx.append(token)
+    return sampler.sample(ctx.logits(0))
+
+
+def generate(ctx: Context, prompt: Sequence[int], max_tokens: int,
+             sampling: SamplingConfig = SamplingConfig(), stop_at_eog: bool = True,
+             stats: Stats | None = None) -> list[int]:
+    """Plain decoding: the reference every speculative output is compared with."""
+    return [t for it in run(ctx, Plain(), prompt, sampling, max_tokens, stats, stop_at_eog=stop_at_eog)
+            for t in it.tokens]
