@@ -93,6 +93,7 @@ class Iteration:
     n_accepted: int      # how many of `tokens` came from the draft
     n_drafted: int       # draft tokens verified
     seconds: float
+    tree: DraftTree      # what was verified (empty: a plain step)
 
 
 def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: SamplingConfig,
@@ -128,7 +129,7 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
     stats.prompt_n += len(prompt) - reused
     stats.prompt_ms += (t_start - t0) * 1e3
     stats.predicted_n += 1
-    yield Iteration("prompt", "", None, [first], 0, 0, t_start - t0)
+    yield Iteration("prompt", "", None, [first], 0, 0, t_start - t0, DraftTree.empty())
     n_out = 1
     pending = [first]  # emitted, not yet in the KV cache; the last is the next tree's root
     while n_out < max_tokens and not (stop_at_eog and ctx.model.is_eog(first)):
@@ -175,7 +176,7 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
         stats.draft_n_accepted += len(verdict.path)
         stats.ran[arm] += 1
         yield Iteration(arm, phase, drafter.name if drafter else None, emitted, n_accepted,
-                        len(tree), seconds)
+                        len(tree), seconds, tree)
         if stop_at_eog and ctx.model.is_eog(emitted[-1]):
             return
 

@@ -15,7 +15,7 @@ import subprocess
 from localspec import store
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig
-from localspec.generate import GenerationStats, generate
+from localspec.loop import Stats, generate
 from localspec.sampling import SamplingConfig
 
 
@@ -28,11 +28,10 @@ def llama_bench_tps(bench: str, path: str, n: int, threads: int, fa: str) -> flo
 
 def localspec_tps(ctx: Context, n: int) -> float:
     ctx.clear()
-    stats = GenerationStats()
-    prompt = ctx.model.tokenize("def")
-    for _ in generate(ctx, prompt, n + 1, SamplingConfig(temperature=0), stats, stop_at_eog=False):
-        pass
-    return stats.tokens_per_s
+    stats = Stats()
+    generate(ctx, ctx.model.tokenize("def"), n + 1, SamplingConfig(temperature=0), stop_at_eog=False,
+             stats=stats)
+    return stats.predicted_per_second
 
 
 def main() -> None:

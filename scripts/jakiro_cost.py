@@ -1,7 +1,7 @@
 """What a Jakiro draft step costs next to a target forward, on this machine: the native
 drafter layer for 1..4 rows and its head over a reduced and the full vocabulary, against one
-single-token forward of the target (from its cost curve). Random weights: cost does not
-depend on what the drafter learnt.
+single-token forward of the target (from its cost curve). Untrained weights: cost does
+not depend on what the drafter learnt.
 
     .venv/bin/python scripts/jakiro_cost.py -m qwen2.5-coder-1.5b-instruct --threads 2
 """
@@ -21,24 +21,21 @@ from localspec.drafters.jakiro_config import JakiroConfig
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig
 from localspec.llama.cost import cost_curve
+from localspec.train.jakiro_net import JakiroNet, init_weights
 from localspec.train.target_weights import TargetWeights
 
 
 def random_drafter(model: Model, weights: TargetWeights, vocab: int, path: Path) -> None:
+    """A drafter of the real shapes (JakiroNet's own, at its initialisation) for this target."""
     cfg = JakiroConfig(target_name=model.name, target_vocab=model.n_vocab,
                        target_tokenizer=model.tokenizer_hash, d_model=model.n_embd,
                        n_heads=int(weights.arch_meta("attention.head_count")),
                        rope_theta=float(weights.arch_meta("rope.freq_base", 10000.0)),
                        draft_vocab=list(range(vocab)) if vocab < model.n_vocab else [])
-    d, de, g = cfg.d_model, cfg.d_expert, np.random.default_rng(0)
-    shapes = {"fc.weight": (d, 2 * d), "fc.bias": (d,), "q.weight": (d, d), "k.weight": (d, d),
-              "v.weight": (d, d), "o.weight": (d, d), "norm.weight": (d,),
-              "router.weight": (cfg.n_experts, d)}
-    for j in range(cfg.n_experts):
-        shapes |= {f"experts.{j}.gate.weight": (de, d), f"experts.{j}.up.weight": (de, d),
-                   f"experts.{j}.down.weight": (d, de)}
-    write_gguf(cfg, {k: (g.normal(size=s) * 0.02).astype(np.float32) for k, s in shapes.items()},
-               path, "q8_0")
+    # The target's embedding and head are buffers the GGUF does not hold: placeholders do.
+    net = JakiroNet(cfg, np.zeros((1, cfg.d_model), np.float32), np.zeros((1, cfg.d_model), np.float32))
+    init_weights(net)
+    write_gguf(cfg, {k: v.numpy() for k, v in net.state_dict().items()}, path, "q8_0")
 
 
 def timed(fn, repeats: int = 15) -> float:

@@ -1,8 +1,9 @@
 """Token Diversity Index of a tree drafter's candidates (Jakiro paper, eq. 18): at every node
 with k >= 2 children, the entropy of the children's drafter probabilities renormalised over
 the k, divided by log k; averaged over the nodes of the trees drafted while decoding a
-workload greedily. 1 = the siblings are equally likely, 0 = one sibling takes all. Plans with
-a flat cost curve (as `--flat-cost`), so the drafter grows full trees even on a CPU.
+workload greedily (the trees verified, from the engine's iteration hook). 1 = the siblings are
+equally likely, 0 = one sibling takes all. Plans with a flat cost curve (as `--flat-cost`), so
+the drafter grows full trees even on a CPU.
 
     .venv/bin/python scripts/jakiro_tdi.py --drafter jakiro
 """
@@ -11,10 +12,11 @@ import argparse
 
 import numpy as np
 
-from localspec.bench.runner import prompt_tokens
+from localspec.bench.runner import prompt_tokens, run_ours
 from localspec.bench.workloads import load
+from localspec.drafters.spec import DrafterSpec
+from localspec.engine import Engine, EngineConfig
 from localspec.sampling import SamplingConfig
-from localspec.session import EngineConfig, Session
 
 
 def tree_tdi(parents: np.ndarray, reach: np.ndarray) -> list[float]:
@@ -38,22 +40,18 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    session = Session(EngineConfig(model=args.model, threads=args.threads, flat_cost=True))
-    greedy = SamplingConfig(temperature=0.0)
-    drafter = session.drafter(args.drafter, greedy)
+    spec = DrafterSpec.parse(args.drafter)
+    engine = Engine(EngineConfig(model=args.model, threads=args.threads, flat_cost=True, drafter=spec))
     values: list[float] = []
-    propose = drafter.propose
 
-    def recording(context, max_nodes):
-        tree = propose(context, max_nodes)
-        if len(tree):
-            values.extend(tree_tdi(tree.parents, drafter._raw[:len(tree)]))
-        return tree
+    def record(it) -> None:
+        if len(it.tree):
+            values.extend(tree_tdi(it.tree.parents, it.tree.reach))
 
-    drafter.propose = recording
     for prompt in load(args.workload, args.limit):
-        list(session.generate(prompt_tokens(session, prompt), args.max_tokens, greedy, args.drafter))
-    print(f"{args.drafter}: TDI {np.mean(values):.3f} over {len(values)} branching nodes")
+        run_ours(engine, prompt_tokens(engine, prompt), spec, args.max_tokens,
+                 SamplingConfig(temperature=0.0), on_iteration=record)
+    print(f"{spec.label}: TDI {np.mean(values):.3f} over {len(values)} branching nodes")
 
 
 if __name__ == "__main__":

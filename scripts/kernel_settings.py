@@ -1,17 +1,15 @@
 """How llama.cpp's CPU settings move the cost of verification batches and whether a batch
-reproduces single-token decoding: weight repacking on/off x flash attention on/off.
+reproduces single-token decoding: weight repacking on/off x flash attention on/off x KV type.
+Each setting's cost curve and batch-vs-single discrepancy, measured as `localspec cost` does.
 
     .venv/bin/python scripts/kernel_settings.py [--model qwen2.5-coder-1.5b-instruct] [--threads 2]
 """
 import argparse
-import statistics
-import time
-
 
 from localspec import store
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig
-from localspec.llama.cost import batch_discrepancy, filler_tokens
+from localspec.llama.cost import batch_discrepancy, measure
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
@@ -23,23 +21,6 @@ ap.add_argument("--configs", default="repack=on fa=on kv=f16,repack=on fa=off kv
 args = ap.parse_args()
 sizes = [int(s) for s in args.sizes.split(",")]
 
-
-def cost(ctx, n_context=256, repeats=7):
-    tokens = filler_tokens(ctx, n_context + max(sizes))
-    ctx.prefill(tokens[:n_context])
-    out = {}
-    for n in sizes:
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            ctx.decode(tokens[n_context:n_context + n], range(n_context, n_context + n), outputs=[True] * n)
-            times.append(time.perf_counter() - t0)
-            ctx.seq_rm(0, n_context, -1)
-        out[n] = statistics.median(times[1:])
-    ctx.clear()
-    return out
-
-
 models = {}
 for spec in args.configs.split(","):
     s = dict(kv.split("=") for kv in spec.split())
@@ -49,10 +30,10 @@ for spec in args.configs.split(","):
     config = ContextConfig(n_ctx=1024, n_threads=args.threads, flash_attn=s.get("fa", "on"),
                            kv_type=s.get("kv", "f16"))
     with Context(models[repack], config) as ctx:
-        c = cost(ctx)
+        curve = measure(ctx, max(sizes))
         d = {n_context: batch_discrepancy(ctx, n_context, max(sizes)) for n_context in (64, 320)}
-    print(f"{spec}: single {c[1] * 1e3:.1f} ms; cost "
-          + " ".join(f"{n}:{c[n] / c[1]:.2f}" for n in sizes[1:]), flush=True)
+    print(f"{spec}: single {curve.cost(1) * 1e3:.1f} ms; cost "
+          + " ".join(f"{n}:{curve.ratio(n):.2f}" for n in sizes[1:]), flush=True)
     for n_context, dn in d.items():
         print(f"    max |batch - single| after {n_context}: "
               + " ".join(f"{n}:{dn[n]:.3g}" for n in sizes[1:]), flush=True)

@@ -1,64 +1,40 @@
-"""Where a speculative request spends its time: llama_decode by batch size against everything
-else (drafting, sizing, the native acceptance walk, KV bookkeeping), plain and lookup, on the
-first N code-edit prompts.
+"""Where a speculative request spends its time: per arm, an iteration's seconds against what
+its target forward costs by the cost curve (a batch of the pending token and the drafted
+nodes); the rest is everything else (drafting, sizing, the native acceptance walk, KV
+bookkeeping). Plain and lookup on the first N code-edit prompts, from the iteration hook.
 
     .venv/bin/python scripts/where_time_goes.py 3
 """
 
 import collections
 import sys
-import time
 
-import localspec.control.planner as planner
-import localspec.drafters.lookup as lookup
-import localspec.llama.context as context
-import localspec.verify as verify
 from localspec.bench import workloads
-from localspec.bench.runner import prompt_tokens
+from localspec.bench.runner import prompt_tokens, run_ours
+from localspec.drafters.spec import NONE, DrafterSpec
+from localspec.engine import Engine, EngineConfig
 from localspec.sampling import SamplingConfig
-from localspec.session import EngineConfig, Session
-from localspec.speculative import SpecStats
 
-seconds: dict[str, float] = collections.defaultdict(float)
-by_batch: dict[int, list[float]] = collections.defaultdict(list)
-
-
-def timed(owner, name: str, key: str, record_batch: bool = False) -> None:
-    inner = getattr(owner, name)
-
-    def wrapper(*args, **kwargs):
-        t0 = time.perf_counter()
-        result = inner(*args, **kwargs)
-        dt = time.perf_counter() - t0
-        seconds[key] += dt
-        if record_batch:
-            by_batch[len(args[1])].append(dt)
-        return result
-    setattr(owner, name, wrapper)
-
-
-timed(context.Context, "_decode", "decode", record_batch=True)
-timed(lookup.LookupDrafter, "propose", "propose")
-timed(lookup.LookupDrafter, "observe", "observe")
-timed(planner.Planner, "size", "size")
-timed(verify._native, "verify", "accept")
-timed(verify, "keep_path", "keep_path")
-
-session = Session(EngineConfig(model="qwen2.5-coder-1.5b-instruct", threads=2))
-curve = session.curve
+engine = Engine(EngineConfig(model="qwen2.5-coder-1.5b-instruct", threads=2))
+curve = engine.curve
 print("cost curve (× one token):", " ".join(f"{curve.ratio(n):.2f}" for n in range(1, 13)),
       f"(one token {curve.seconds[0] * 1000:.1f} ms)")
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 for prompt in workloads.load("code-edit", n):
-    tokens = prompt_tokens(session, prompt)
-    for drafter in ("none", "lookup"):
-        session.ctx.clear()
-        seconds.clear()
-        by_batch.clear()
-        stats = SpecStats()
-        list(session.generate(tokens, 256, SamplingConfig(), drafter, stats))
-        rest = sum(v for k, v in seconds.items() if k != "decode")
-        print(f"{prompt.id} {drafter}: {stats.n_generated / stats.t_generate:.2f} tokens/s, "
-              f"τ {stats.tau:.2f}, outside llama_decode {rest:.3f} s of {stats.t_generate:.2f} s")
-        print("   ms per decode by batch size:", " ".join(
-            f"{b}:{1000 * sum(v) / len(v):.0f}×{len(v)}" for b, v in sorted(by_batch.items())))
+    tokens = prompt_tokens(engine, prompt)
+    for spec in (NONE, DrafterSpec("lookup")):
+        by_size: dict[int, list[float]] = collections.defaultdict(list)
+
+        def record(it) -> None:
+            if it.arm != "prompt":
+                by_size[1 + it.n_drafted].append(it.seconds)
+
+        out, run = run_ours(engine, tokens, spec, 256, SamplingConfig(), on_iteration=record)
+        total = sum(sum(v) for v in by_size.values())
+        forward = sum(curve.cost(b) * len(v) for b, v in by_size.items())
+        print(f"{prompt.id} {spec.label}: {run.n_timed / run.seconds:.2f} tokens/s, τ "
+              f"{run.n_tokens / max(run.forwards, 1):.2f}, outside the target forward about "
+              f"{total - forward:.3f} s of {total:.2f} s")
+        print("   ms per iteration by batch size (measured / cost curve):", " ".join(
+            f"{b}:{1000 * sum(v) / len(v):.0f}/{1000 * curve.cost(b):.0f}×{len(v)}"
+            for b, v in sorted(by_size.items())))

@@ -150,3 +150,31 @@ def test_generation_stops_at_the_end_of_the_context(small_path):
     n_prompt = int(re.search(r"prompt (\d+) tokens", r.stderr)[1])
     n_generated = int(re.search(r"generated (\d+) tokens", r.stderr)[1])
     assert 200 < n_prompt < 256 and n_generated == 256 - n_prompt + 1
+
+
+def test_bench_takes_every_spec_generate_takes_and_lookup_pulls_nothing(home, small_path, tmp_path):
+    """In an empty store: `--drafter lookup` never resolves the default draft model (it would
+    be downloaded), and draft-model specs with a static K and head options run as they do in
+    generate."""
+    out = tmp_path / "bench.json"
+    r = localspec("bench", "-m", str(small_path), "--threads", "2", "--workload", "humaneval",
+                  "--limit", "1", "--max-tokens", "8", "--drafter", "lookup", "--drafter", "lookup@2",
+                  "--drafter", f"draft:{small_path}@2", "--drafter", f"draft:{small_path},head=off",
+                  "--drafter", "jakiro,cepd=off@2", "--json", str(out), home=home, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "download" not in r.stderr and not list((home / "models").glob("*"))
+    names = [c["name"] for c in json.loads(out.read_text())["configs"]]
+    stem = small_path.stem
+    assert names == ["plain", "lookup", "lookup@2", f"draft:{stem}@2", f"draft:{stem},head=off",
+                     "jakiro,cepd=off@2"]
+    bad = localspec("bench", "-m", str(small_path), "--drafter", "jakiro,depth=3", home=home)
+    assert bad.returncode == 2 and "bad jakiro option 'depth=3'" in bad.stderr
+
+
+def test_stdout_holds_only_the_answer_and_help_speaks_to_users(small_path):
+    r = localspec("generate", "-m", str(small_path), "--max-tokens", "8", "--drafter", "none",
+                  "The capital of France is")
+    assert r.returncode == 0 and "tokens/s" not in r.stdout and "tokens/s" in r.stderr
+    assert r.stdout.endswith("\n") and len(r.stdout.strip()) > 0
+    text = localspec("--help").stdout
+    assert "faster" in text and "exactly the output" in text and "dataclass" not in text

@@ -1,0 +1,71 @@
+"""Imports point down the layers of docs/architecture.md: a module imports its own layer or
+those below, never above; training and conversion sit beside the stack, which never
+imports them."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+LAYERS = [  # bottom first
+    ("localspec.errors", "localspec.paths", "localspec._native", "localspec.progress",
+     "localspec.datasets"),
+    ("localspec.llama", "localspec.sampling", "localspec.store"),
+    ("localspec.verify",),
+    ("localspec.drafters",),
+    ("localspec.control",),
+    ("localspec.loop",),
+    ("localspec.engine",),
+    ("localspec.cli", "localspec.bench", "localspec.serve", "tui"),
+]
+BESIDE = ("localspec.train", "localspec.convert")
+
+
+def layer(module: str) -> int | None:
+    for i, names in enumerate(LAYERS):
+        if any(module == n or module.startswith(n + ".") for n in names):
+            return i
+    return None
+
+
+def imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return {m for m in found if m.split(".")[0] in ("localspec", "tui")}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_imports_point_down():
+    wrong = []
+    for path in sorted([*ROOT.glob("localspec/**/*.py"), *ROOT.glob("tui/**/*.py")]):
+        me = module_name(path)
+        beside = me.startswith(BESIDE)
+        for target in imports(path):
+            if target == "localspec" or target.startswith("localspec.__"):
+                continue
+            if target.startswith(BESIDE):
+                if not beside and layer(me) != len(LAYERS) - 1:
+                    wrong.append(f"{me} imports {target} (beside the stack)")
+                continue
+            mine, theirs = layer(me), layer(target)
+            if theirs is None:
+                continue  # a name imported from a package, counted by its package
+            if beside:
+                if theirs == len(LAYERS) - 1:
+                    wrong.append(f"{me} imports the surface {target}")
+            elif mine is not None and theirs > mine:
+                wrong.append(f"{me} imports {target}, a layer above")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_module_has_a_layer():
+    for path in ROOT.glob("localspec/**/*.py"):
+        me = module_name(path)
+        assert layer(me) is not None or me.startswith(BESIDE) or me == "localspec", me
