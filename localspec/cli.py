@@ -102,6 +102,11 @@ def cmd_generate(a: argparse.Namespace) -> None:
     print(event.stats.summary(), file=sys.stderr)
 
 
+def cmd_chat(a: argparse.Namespace) -> None:
+    from tui.app import ChatConfig, run
+    run(ChatConfig(engine_config(a, [a.drafter]), max_tokens=a.max_tokens))
+
+
 def cmd_pull(a: argparse.Namespace) -> None:
     from localspec import store
     path = (store.add_local(a.name, a.as_name) if store.looks_like_path(a.name)
@@ -276,6 +281,13 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--drafter", type=drafter_spec, default=DrafterSpec("auto"),
                    help=DRAFTER_HELP + " (default: auto)")
     g.set_defaults(func=cmd_generate)
+
+    ch = sub.add_parser("chat", help="chat with a model in the terminal (conversations are kept)")
+    add_engine_args(ch)
+    ch.add_argument("--drafter", type=drafter_spec, default=DrafterSpec("auto"),
+                    help=DRAFTER_HELP + " (default: auto; each conversation can change it)")
+    ch.add_argument("--max-tokens", type=int, default=1024, help="longest answer")
+    ch.set_defaults(func=cmd_chat)
 
     pl = sub.add_parser("pull", help="download a model into the store (or import a local .gguf)")
     pl.add_argument("name", help="registry name, or path to a .gguf to import")

@@ -22,10 +22,11 @@ from localspec.drafters.spec import AUTO, DrafterSpec
 from localspec.errors import LocalspecError
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig
-from localspec.llama.cost import CostCurve, Progress, cost_curve
+from localspec.llama.cost import CostCurve, cost_curve
 from localspec.llama.model import LogHandler, set_log_handler
 from localspec.llama.text import chat_tokens, complete_utf8_prefix
 from localspec.loop import Controller, Iteration, Stats, run
+from localspec.progress import Progress
 from localspec.sampling import SamplingConfig
 
 DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b-instruct"

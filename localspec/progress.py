@@ -7,11 +7,14 @@ import sys
 import time
 from typing import Callable, Iterator
 
-from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                           TransferSpeedColumn)
+from rich import progress as rich
 from rich.console import Console
 
 LOG_INTERVAL = 60.0  # seconds between progress lines when stderr is a file
+
+# How long work reports how far it got: (what, done, total). The CLI draws it as bars on
+# stderr (StderrProgress); the chat app in its own screen.
+Progress = Callable[[str, float, float], None]
 
 
 @contextlib.contextmanager
@@ -23,11 +26,11 @@ def progress_bar(label: str, total: int, unit: str = "bytes") -> Iterator[Callab
         with _progress_lines(label, total, unit) as advance:
             yield advance
         return
-    columns = [TextColumn("{task.description}"), BarColumn()]
-    columns += [DownloadColumn(), TransferSpeedColumn()] if unit == "bytes" else \
-        [TextColumn("{task.completed}/{task.total}")]
-    columns.append(TimeRemainingColumn())
-    with Progress(*columns, console=console) as progress:
+    columns = [rich.TextColumn("{task.description}"), rich.BarColumn()]
+    columns += [rich.DownloadColumn(), rich.TransferSpeedColumn()] if unit == "bytes" else \
+        [rich.TextColumn("{task.completed}/{task.total}")]
+    columns.append(rich.TimeRemainingColumn())
+    with rich.Progress(*columns, console=console) as progress:
         task = progress.add_task(label, total=total)
         yield lambda n: progress.advance(task, n)
 

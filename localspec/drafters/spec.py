@@ -72,17 +72,25 @@ class DrafterSpec:
     def label(self) -> str:
         """The name tables and footers show: files by their stem, options that differ from
         the defaults, the static K."""
-        if self.kind == "auto":
-            return "auto" + (":" + "+".join(d.label for d in self.members) if self.members else "")
-        model = Path(self.model).stem if "/" in self.model or self.model.endswith(".gguf") else self.model
-        default = DrafterSpec(self.kind)
-        options = [f"{key}={value}" for key, value in self._options().items()
-                   if value != default._options()[key]]
-        return (self.kind + (":" + model if model else "") + "".join("," + o for o in options)
-                + (f"@{self.k}" if self.k else ""))
+        return self._render(short=True)
 
-    def _options(self) -> dict[str, str]:
-        options = {"head": Path(self.head).stem if self.head not in ("auto", "on", "off") else self.head}
+    def __str__(self) -> str:
+        """What parse() turns back into this spec."""
+        return self._render(short=False)
+
+    def _render(self, short: bool) -> str:
+        if self.kind == "auto":
+            members = "+".join(d._render(short) for d in self.members)
+            return "auto" + (":" + members if members else "")
+        name = lambda f: Path(f).stem if short and ("/" in f or f.endswith(".gguf")) else f  # noqa: E731
+        default = DrafterSpec(self.kind)._options(short)
+        options = [f"{key}={value}" for key, value in self._options(short).items() if value != default[key]]
+        return (self.kind + (":" + name(self.model) if self.model else "")
+                + "".join("," + o for o in options) + (f"@{self.k}" if self.k else ""))
+
+    def _options(self, short: bool) -> dict[str, str]:
+        head = Path(self.head).stem if short and self.head not in ("auto", "on", "off") else self.head
+        options = {"head": head}
         if self.kind == "jakiro":
             options |= {"width": str(self.width), "branch": str(self.branch),
                         "cepd": "on" if self.cepd else "off",

@@ -12,15 +12,13 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import llama_cpp as ll
 
 from localspec import _native
 from localspec.llama.context import Context
 from localspec.paths import cache_dir
-
-Progress = Callable[[str, float, float], None]  # (what, done, total)
+from localspec.progress import Progress
 
 
 @dataclass(frozen=True)

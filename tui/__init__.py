@@ -1,0 +1,1 @@
+"""localspec chat: the Textual terminal chat app over localspec's engine."""

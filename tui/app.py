@@ -1,0 +1,511 @@
+"""`localspec chat`: a person chats with a local model in a terminal, faster than plain
+llama.cpp with output that is exactly the model's, and sees what speculation is doing.
+
+One engine, loaded in a thread while the screen shows its progress; each answer is generated
+in a thread worker that posts the engine's events to the app, which streams them into the
+conversation and saves them as they come (at least every second)."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from textual import on, work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message as TextualMessage
+from textual.screen import Screen
+from textual.widgets import Footer, OptionList
+from textual.widgets.option_list import Option
+
+from localspec import store as model_store
+from localspec.drafters.spec import DrafterSpec
+from localspec.engine import Delta, Done, Engine, EngineConfig, Request
+from localspec.errors import LocalspecError
+from localspec.llama.text import chat_tokens
+from localspec.paths import data_dir
+from localspec.sampling import SamplingConfig
+from tui.screens import (ConfirmScreen, KeysScreen, ModelScreen, ProgressScreen, Settings,
+                         SettingsScreen, TextScreen)
+from tui.store import Conversation, Message, Store
+from tui.widgets import MessageView, PromptArea, StatusLine, format_stats
+
+SAVE_EVERY = 0.5  # seconds between saves of an answer as it streams
+RESERVE = 512     # tokens of the context kept free for the answer
+
+
+@dataclass(frozen=True)
+class ChatConfig:
+    engine: EngineConfig = EngineConfig()
+    db: Path | None = None   # None: chats.db in localspec's data directory
+    log: Path | None = None  # llama.cpp's log; None: chat.log beside the database
+    max_tokens: int = 1024   # per answer
+
+
+class Progress(TextualMessage):
+    def __init__(self, what: str, done: float, total: float):
+        super().__init__()
+        self.what, self.done, self.total = what, done, total
+
+
+class Loaded(TextualMessage):
+    def __init__(self, engine: Engine | None, error: str | None = None):
+        super().__init__()
+        self.engine, self.error = engine, error
+
+
+class Streamed(TextualMessage):
+    """An event of the answer being written, or the error that ended it."""
+
+    def __init__(self, event: Delta | Done | None, error: str | None = None):
+        super().__init__()
+        self.event, self.error = event, error
+
+
+class ChatApp(App):
+    CSS_PATH = "chat.tcss"
+    TITLE = "localspec chat"
+    AUTO_FOCUS = "#prompt"
+    BINDINGS = [
+        Binding("escape", "stop", "Stop", priority=True),
+        Binding("ctrl+n", "new_conversation", "New", priority=True),
+        Binding("ctrl+b", "toggle_list", "Chats"),
+        Binding("ctrl+t", "toggle_highlight", "Drafts", priority=True),
+        Binding("f1", "keys", "Keys"),
+        Binding("f2", "rename", "Rename", show=False),
+        Binding("f3", "toggle_stats", "Stats", show=False),
+        Binding("f4", "copy_code", "Copy code", show=False),
+        Binding("f5", "regenerate", "Again", show=False),
+        Binding("f6", "settings", "Settings", show=False),
+        Binding("f7", "switch_model", "Model", show=False),
+        Binding("f8", "delete", "Delete", show=False),
+        Binding("f9", "export", "Export", show=False),
+    ]
+
+    def __init__(self, cfg: ChatConfig = ChatConfig()):
+        super().__init__()
+        self.cfg = cfg
+        self.db_path = cfg.db or data_dir() / "chats.db"
+        self.log_path = cfg.log or self.db_path.with_name("chat.log")
+        self.engine: Engine | None = None
+        self.model_name = cfg.engine.model
+        self.store: Store | None = None
+        self.conversation: Conversation | None = None
+        self.answer: Message | None = None  # the one being written
+        self.answer_view: MessageView | None = None
+        self.highlight = False
+        self._cancel = threading.Event()
+        self._saved_at = 0.0
+        self._progress: ProgressScreen | None = None
+
+    # --- screen ------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        with Horizontal():
+            yield OptionList(id="conversations")
+            with Vertical(id="main"):
+                yield VerticalScroll(id="messages")
+                yield PromptArea(id="prompt", soft_wrap=True, show_line_numbers=False, compact=True,
+                                 placeholder="Message (Enter to send, Ctrl+J for a new line)",
+                                 tab_behavior="focus")
+                yield StatusLine("", id="status", markup=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.store = Store(self.db_path)
+        if self.store.moved_aside:
+            self.notify(f"The conversations database could not be read: it was moved to "
+                        f"{self.store.moved_aside} and a new one started.", severity="warning",
+                        timeout=20, markup=False)
+        self.query_one("#conversations").display = self.store.setting("list", "shown") == "shown"
+        last = self.store.setting("last_conversation")
+        chosen = self.store.conversation(int(last)) if last else None
+        self.refresh_list()
+        if chosen is not None:
+            self.open_conversation(chosen)
+        self.load_engine(self.model_name)
+
+    def refresh_list(self) -> None:
+        options = self.query_one("#conversations", OptionList)
+        options.clear_options()
+        options.add_options(Option(c.title or "(new conversation)", id=str(c.id))
+                            for c in self.store.conversations())
+
+    def status(self, text: str) -> None:
+        self.query_one("#status", StatusLine).update(text)
+
+    # --- the engine ----------------------------------------------------------------------
+
+    def load_engine(self, model: str) -> None:
+        self._progress = ProgressScreen()
+        self.push_screen(self._progress)
+        self._load(model)
+
+    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
+    def _load(self, model: str) -> None:
+        old, self.engine = self.engine, None
+        if old is not None:
+            old.close()
+        try:
+            log = open(self.log_path, "a", buffering=1)
+            engine = Engine(replace(self.cfg.engine, model=model),
+                            progress=lambda *a: self.post_message(Progress(*a)),
+                            log=lambda level, text: log.write(text))
+            engine.curve  # measured on first use: here, with its progress shown
+            self.post_message(Loaded(engine))
+        except LocalspecError as e:
+            self.post_message(Loaded(None, str(e)))
+
+    def on_progress(self, m: Progress) -> None:
+        if self._progress is not None:
+            self._progress.report(m.what, m.done, m.total)
+
+    def on_loaded(self, m: Loaded) -> None:
+        if self._progress is not None:
+            self._progress.dismiss()
+            self._progress = None
+        if m.engine is None:
+            self.notify(f"{m.error} — F7 chooses another model.", severity="error", timeout=20, markup=False)
+            self.status("no model loaded")
+            return
+        self.engine = m.engine
+        self.model_name = m.engine.cfg.model
+        self.status(f"{m.engine.model.path.stem} ready · Ctrl+P: commands · F1: keys")
+
+    # --- conversations -------------------------------------------------------------------
+
+    def open_conversation(self, c: Conversation) -> None:
+        self.conversation = c
+        self.store.set_setting("last_conversation", str(c.id))
+        box = self.query_one("#messages", VerticalScroll)
+        box.remove_children()
+        messages = self.store.messages(c.id)
+        box.mount_all([MessageView(m.role, m.text, m.pieces, m.stats, m.stopped, self.highlight)
+                       for m in messages])
+        box.scroll_end(animate=False)
+        last = next((m for m in reversed(messages) if m.role == "assistant"), None)
+        self.status(format_stats(last.stats) if last else "")
+        self.sub_title = c.title
+
+    def current_conversation(self) -> Conversation:
+        if self.conversation is None:
+            self.conversation = self.store.new_conversation(self.model_name,
+                                                            drafter=str(self.cfg.engine.drafter))
+            self.store.set_setting("last_conversation", str(self.conversation.id))
+            self.refresh_list()
+        return self.conversation
+
+    @on(OptionList.OptionSelected, "#conversations")
+    def chosen(self, event: OptionList.OptionSelected) -> None:
+        if self.answer is not None:
+            self.notify("Stop the answer first (Esc).", severity="warning")
+            return
+        c = self.store.conversation(int(event.option.id))
+        if c is not None:
+            self.open_conversation(c)
+            self.query_one("#prompt").focus()
+
+    # --- asking ------------------------------------------------------------------------------
+
+    @on(PromptArea.Submitted)
+    def submitted(self, event: PromptArea.Submitted) -> None:
+        if self.answer is not None:
+            self.notify("An answer is still being written: Esc stops it.", severity="warning")
+            return
+        if self.engine is None:
+            self.notify("No model is loaded: F7 chooses one.", severity="error")
+            return
+        c = self.current_conversation()
+        text = event.text.rstrip()
+        self.query_one("#prompt", PromptArea).clear()
+        m = self.store.add_message(c.id, "user", text)
+        if not c.title:  # the first message titles a conversation
+            c.title = text.strip().splitlines()[0][:48]
+            self.store.update_conversation(c)
+            self.refresh_list()
+            self.sub_title = c.title
+        self.query_one("#messages").mount(MessageView("user", m.text))
+        self.ask()
+
+    def ask(self) -> None:
+        """Answer the conversation as it stands."""
+        c = self.conversation
+        messages = ([{"role": "system", "content": c.system_prompt}] if c.system_prompt else []) + \
+            [{"role": m.role, "content": m.text} for m in self.store.messages(c.id)]
+        messages, dropped = self.fit(messages)
+        if dropped:
+            self.notify(f"The conversation is longer than the context: its {dropped} oldest "
+                        "messages are left out of this answer.", severity="warning")
+        try:
+            drafter = DrafterSpec.parse(c.drafter)
+        except LocalspecError as e:
+            self.notify(str(e), severity="error", markup=False)
+            return
+        sampling = SamplingConfig(temperature=c.sampling.get("temperature", 0.0), seed=c.sampling.get("seed"))
+        request = Request(messages=messages, sampling=sampling, max_tokens=self.cfg.max_tokens, drafter=drafter)
+        self.answer = self.store.add_message(c.id, "assistant", "")
+        self.answer_view = MessageView("assistant", highlight=self.highlight)
+        box = self.query_one("#messages", VerticalScroll)
+        box.mount(self.answer_view)
+        box.anchor()
+        self._cancel = threading.Event()
+        self._saved_at = time.monotonic()
+        self.status(f"{self.engine.model.path.stem}: reading the conversation …")
+        self._generate(request, self._cancel)
+
+    def fit(self, messages: list[dict]) -> tuple[list[dict], int]:
+        """The messages whose prompt fits the context with room for an answer: the oldest turns
+        go first, the system prompt stays."""
+        system = [m for m in messages if m["role"] == "system"]
+        turns = [m for m in messages if m["role"] != "system"]
+        dropped = 0
+        limit = self.engine.ctx.n_ctx - min(RESERVE, self.engine.ctx.n_ctx // 4)
+        while len(turns) > 1 and len(chat_tokens(self.engine.model, system + turns)) > limit:
+            turns = turns[1:]
+            dropped += 1
+            while len(turns) > 1 and turns[0]["role"] != "user":  # a chat starts with the user
+                turns = turns[1:]
+                dropped += 1
+        return system + turns, dropped
+
+    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
+    def _generate(self, request: Request, cancel: threading.Event) -> None:
+        try:
+            for event in self.engine.generate(request, cancel):
+                self.post_message(Streamed(event))
+        except LocalspecError as e:
+            self.post_message(Streamed(None, str(e)))
+
+    async def on_streamed(self, m: Streamed) -> None:
+        answer, view = self.answer, self.answer_view
+        if answer is None:
+            return
+        if m.error is not None:
+            self.notify(m.error, severity="error", markup=False)
+            await self._end(stopped=True, stats=answer.stats)
+            return
+        event = m.event
+        if isinstance(event, Delta):
+            await view.append(event.pieces)
+            answer.text, answer.pieces = view.text, view.pieces
+            self.live(event)
+            if time.monotonic() - self._saved_at >= SAVE_EVERY:
+                self.store.save_message(answer)
+                self._saved_at = time.monotonic()
+            return
+        stats = event.stats.as_dict() | {"arm": self._arm}
+        if event.reason == "length" and event.stats.predicted_n < self.cfg.max_tokens:
+            self.notify("The context is full: the answer stops here. Start a new conversation "
+                        "(Ctrl+N), or drop old messages by deleting them.", severity="warning")
+        await self._end(stopped=event.reason in ("cancelled", "length"), stats=stats)
+
+    _arm = ""
+
+    def live(self, d: Delta) -> None:
+        """The footer while an answer is written: speed, τ, drafts accepted, what runs now."""
+        self._arm = d.arm
+        self._live = getattr(self, "_live", None)
+        now = time.monotonic()
+        if d.arm == "prompt":
+            self._live = {"start": now, "tokens": 0, "drafted": 0, "accepted": 0, "iterations": 0}
+        s = self._live
+        s["tokens"] += d.n_tokens
+        s["accepted"] += d.n_drafted
+        s["iterations"] += d.arm != "prompt"
+        seconds = now - s["start"]
+        speed = (s["tokens"] - 1) / seconds if seconds > 0 else 0.0
+        tau = s["tokens"] / (s["iterations"] + 1)
+        self.status(f"{speed:.1f} tok/s · τ {tau:.2f} · {s['accepted']} drafted tokens accepted · "
+                    f"{d.arm} · writing … (Esc stops)")
+
+    async def _end(self, stopped: bool, stats: dict) -> None:
+        answer, view = self.answer, self.answer_view
+        answer.stopped, answer.stats = stopped, stats
+        self.store.save_message(answer)
+        await view.finish(stats, stopped)
+        self.answer = self.answer_view = None
+        self.status(format_stats(stats))
+
+    # --- commands ------------------------------------------------------------------------------
+
+    def action_stop(self) -> None:
+        if self.answer is not None:
+            self._cancel.set()
+
+    def action_new_conversation(self) -> None:
+        if self.answer is not None:
+            return
+        self.conversation = None
+        self.query_one("#messages").remove_children()
+        self.sub_title = ""
+        self.status("new conversation")
+        self.query_one("#prompt").focus()
+
+    def action_toggle_list(self) -> None:
+        options = self.query_one("#conversations")
+        options.display = not options.display
+        self.store.set_setting("list", "shown" if options.display else "hidden")
+
+    async def action_toggle_highlight(self) -> None:
+        self.highlight = not self.highlight
+        for view in self.query(MessageView):
+            await view.set_highlight(self.highlight)
+        self.notify("Drafted text coloured by drafter: lookup green, draft model yellow, Jakiro "
+                    "accent" if self.highlight else "Drafted text shown plain")
+
+    def action_toggle_stats(self) -> None:
+        self.query_one("#messages").toggle_class("show-stats")
+
+    def action_keys(self) -> None:
+        self.push_screen(KeysScreen())
+
+    def action_rename(self) -> None:
+        if self.conversation is None:
+            return
+
+        def done(title: str | None) -> None:
+            if title:
+                self.conversation.title = title
+                self.store.update_conversation(self.conversation)
+                self.sub_title = title
+                self.refresh_list()
+        self.push_screen(TextScreen("Rename the conversation", self.conversation.title), done)
+
+    def action_delete(self) -> None:
+        if self.conversation is None or self.answer is not None:
+            return
+
+        def done(yes: bool | None) -> None:
+            if yes:
+                self.store.delete_conversation(self.conversation.id)
+                self.action_new_conversation()
+                self.refresh_list()
+                self.notify("Conversation deleted.")
+        self.push_screen(ConfirmScreen(f"Delete “{self.conversation.title}”?"), done)
+
+    def action_export(self) -> None:
+        if self.conversation is None:
+            return
+        c = self.conversation
+        slug = re.sub(r"[^a-z0-9]+", "-", (c.title or "conversation").lower()).strip("-")[:40] or "conversation"
+        path = Path.cwd() / f"{slug}.md"
+        n = 1
+        while path.exists():
+            n += 1
+            path = Path.cwd() / f"{slug}-{n}.md"
+        path.write_text(export_markdown(c, self.store.messages(c.id)))
+        self.notify(f"Exported to {path}", markup=False)
+
+    def action_copy_code(self) -> None:
+        views = [v for v in self.query(MessageView) if v.role == "assistant"]
+        blocks = re.findall(r"```[^\n]*\n(.*?)```", views[-1].text, re.S) if views else []
+        if not blocks:
+            self.notify("No code block in the last answer.", severity="warning")
+            return
+        self.copy_to_clipboard(blocks[-1])
+        self.notify(f"Copied the last code block ({len(blocks[-1].splitlines())} lines).")
+
+    def action_regenerate(self) -> None:
+        if self.answer is not None or self.engine is None or self.conversation is None:
+            return
+        messages = self.store.messages(self.conversation.id)
+        if not messages or messages[-1].role != "assistant":
+            return
+        self.store.delete_message(messages[-1].id)
+        views = list(self.query(MessageView))
+        views[-1].remove()
+        self.ask()
+
+    def action_settings(self) -> None:
+        c = self.current_conversation()
+
+        def done(s: Settings | None) -> None:
+            if s is not None:
+                c.system_prompt, c.drafter = s.system_prompt, s.drafter
+                c.sampling = {"temperature": s.temperature, "seed": s.seed}
+                self.store.update_conversation(c)
+                self.notify("Settings saved for this conversation.")
+        current = Settings(c.system_prompt, c.sampling.get("temperature", 0.0), c.sampling.get("seed"), c.drafter)
+        self.push_screen(SettingsScreen(current, DrafterSpec.parse), done)
+
+    def action_switch_model(self) -> None:
+        if self.answer is not None:
+            return
+
+        def done(name: str | None) -> None:
+            if name:
+                self._progress = ProgressScreen()
+                self.push_screen(self._progress)
+                self._pull_and_load(name)
+        self.push_screen(ModelScreen(model_store.listing(), Path(self.model_name).stem), done)
+
+    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
+    def _pull_and_load(self, name: str) -> None:
+        try:
+            model_store.resolve(name, progress=lambda *a: self.post_message(Progress(*a)))
+        except LocalspecError as e:
+            self.post_message(Loaded(None, str(e)))
+            return
+        self._load.__wrapped__(self, name)
+
+    def get_system_commands(self, screen: Screen):
+        yield from super().get_system_commands(screen)
+        for title, help_text, action in [
+            ("New conversation", "Start an empty conversation (Ctrl+N)", self.action_new_conversation),
+            ("Rename conversation", "Give this conversation another title (F2)", self.action_rename),
+            ("Delete conversation", "Delete this conversation, after asking (F8)", self.action_delete),
+            ("Export as Markdown", "Write this conversation to a .md file here (F9)", self.action_export),
+            ("Settings", "System prompt, temperature, seed and drafter (F6)", self.action_settings),
+            ("Switch model", "Load another model, downloading it if needed (F7)", self.action_switch_model),
+            ("Regenerate", "Write the last answer again (F5)", self.action_regenerate),
+            ("Copy code block", "Copy the last answer's last code block (F4)", self.action_copy_code),
+            ("Colour drafted text", "Show which text came from accepted drafts (Ctrl+T)",
+             self.action_toggle_highlight),
+            ("Answer statistics", "Show each answer's numbers (F3)", self.action_toggle_stats),
+            ("Conversation list", "Show or hide it (Ctrl+B)", self.action_toggle_list),
+        ]:
+            yield SystemCommand(title, help_text, action)
+
+    def on_unmount(self) -> None:
+        if self.engine is not None:
+            self._cancel.set()
+        if self.store is not None:
+            if self.answer is not None:
+                self.answer.stopped = True
+                self.store.save_message(self.answer)
+            self.store.close()
+
+
+def export_markdown(c: Conversation, messages: list[Message]) -> str:
+    lines = [f"# {c.title or 'Conversation'}", "", f"*{c.model}*", ""]
+    if c.system_prompt:
+        lines += ["**System:**", "", c.system_prompt, ""]
+    for m in messages:
+        lines += [f"**{'You' if m.role == 'user' else 'Assistant'}:**", "", m.text, ""]
+        if m.stopped:
+            lines += ["*(stopped)*", ""]
+    return "\n".join(lines)
+
+
+def run(cfg: ChatConfig) -> None:
+    """Run the app in this terminal; native code's stderr goes to the log, not the screen
+    (Textual draws through the real terminal, kept on a duplicate of it)."""
+    app = ChatApp(cfg)
+    app.log_path.parent.mkdir(parents=True, exist_ok=True)
+    tty = os.dup(2)
+    log = os.open(app.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    saved_stderr = sys.__stderr__
+    os.dup2(log, 2)
+    os.close(log)
+    sys.__stderr__ = sys.stderr = os.fdopen(tty, "w", buffering=1)
+    try:
+        app.run()
+    finally:
+        os.dup2(tty, 2)
+        sys.__stderr__ = sys.stderr = saved_stderr
