@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from localspec.drafters.spec import DrafterSpec
 from localspec.engine import Engine, EngineConfig, Request
@@ -133,8 +132,8 @@ def test_quit_and_reopen_rename_delete_export(small_path, tmp_path, monkeypatch)
             await pilot.pause()
             await pilot.press("f9")
             await pilot.pause()
-        return app
-    app = run(first())
+
+    run(first())
     assert (tmp_path / "renamed.md").read_text().startswith("# Renamed")
 
     async def second():

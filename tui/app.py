@@ -73,10 +73,10 @@ class ChatApp(App):
     TITLE = "localspec chat"
     AUTO_FOCUS = "#prompt"
     BINDINGS = [
-        Binding("escape", "stop", "Stop", priority=True),
-        Binding("ctrl+n", "new_conversation", "New", priority=True),
+        Binding("escape", "stop", "Stop"),
+        Binding("ctrl+n", "new_conversation", "New"),
         Binding("ctrl+b", "toggle_list", "Chats"),
-        Binding("ctrl+t", "toggle_highlight", "Drafts", priority=True),
+        Binding("ctrl+t", "toggle_highlight", "Drafts"),
         Binding("f1", "keys", "Keys"),
         Binding("f2", "rename", "Rename", show=False),
         Binding("f3", "toggle_stats", "Stats", show=False),
@@ -103,6 +103,8 @@ class ChatApp(App):
         self._cancel = threading.Event()
         self._saved_at = 0.0
         self._progress: ProgressScreen | None = None
+        self._live: dict = {}  # the answer being written: its numbers so far
+        self._arm = ""
 
     # --- screen ------------------------------------------------------------------------------
 
@@ -128,8 +130,10 @@ class ChatApp(App):
         chosen = self.store.conversation(int(last)) if last else None
         self.refresh_list()
         if chosen is not None:
-            self.open_conversation(chosen)
-        self.load_engine(self.model_name)
+            self.call_later(self.open_conversation, chosen)
+        self._progress = ProgressScreen()
+        self.push_screen(self._progress)
+        self._load(self.model_name)
 
     def refresh_list(self) -> None:
         options = self.query_one("#conversations", OptionList)
@@ -142,13 +146,13 @@ class ChatApp(App):
 
     # --- the engine ----------------------------------------------------------------------
 
-    def load_engine(self, model: str) -> None:
-        self._progress = ProgressScreen()
-        self.push_screen(self._progress)
-        self._load(model)
-
     @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
     def _load(self, model: str) -> None:
+        self._load_engine(model)
+
+    def _load_engine(self, model: str) -> None:
+        """(In a worker thread.) Close the engine there is, load one for `model` and measure
+        its cost curve, with progress shown."""
         old, self.engine = self.engine, None
         if old is not None:
             old.close()
@@ -165,6 +169,8 @@ class ChatApp(App):
     def on_progress(self, m: Progress) -> None:
         if self._progress is not None:
             self._progress.report(m.what, m.done, m.total)
+        elif m.total:
+            self.status(f"{m.what} {m.done / m.total:.0%}")
 
     def on_loaded(self, m: Loaded) -> None:
         if self._progress is not None:
@@ -180,14 +186,14 @@ class ChatApp(App):
 
     # --- conversations -------------------------------------------------------------------
 
-    def open_conversation(self, c: Conversation) -> None:
+    async def open_conversation(self, c: Conversation) -> None:
         self.conversation = c
         self.store.set_setting("last_conversation", str(c.id))
         box = self.query_one("#messages", VerticalScroll)
-        box.remove_children()
+        await box.remove_children()
         messages = self.store.messages(c.id)
-        box.mount_all([MessageView(m.role, m.text, m.pieces, m.stats, m.stopped, self.highlight)
-                       for m in messages])
+        await box.mount_all([MessageView(m.role, m.text, m.pieces, m.stats, m.stopped, self.highlight)
+                             for m in messages])
         box.scroll_end(animate=False)
         last = next((m for m in reversed(messages) if m.role == "assistant"), None)
         self.status(format_stats(last.stats) if last else "")
@@ -202,19 +208,19 @@ class ChatApp(App):
         return self.conversation
 
     @on(OptionList.OptionSelected, "#conversations")
-    def chosen(self, event: OptionList.OptionSelected) -> None:
+    async def chosen(self, event: OptionList.OptionSelected) -> None:
         if self.answer is not None:
             self.notify("Stop the answer first (Esc).", severity="warning")
             return
         c = self.store.conversation(int(event.option.id))
         if c is not None:
-            self.open_conversation(c)
+            await self.open_conversation(c)
             self.query_one("#prompt").focus()
 
     # --- asking ------------------------------------------------------------------------------
 
     @on(PromptArea.Submitted)
-    def submitted(self, event: PromptArea.Submitted) -> None:
+    async def submitted(self, event: PromptArea.Submitted) -> None:
         if self.answer is not None:
             self.notify("An answer is still being written: Esc stops it.", severity="warning")
             return
@@ -230,10 +236,10 @@ class ChatApp(App):
             self.store.update_conversation(c)
             self.refresh_list()
             self.sub_title = c.title
-        self.query_one("#messages").mount(MessageView("user", m.text))
-        self.ask()
+        await self.query_one("#messages").mount(MessageView("user", m.text))
+        await self.ask()
 
-    def ask(self) -> None:
+    async def ask(self) -> None:
         """Answer the conversation as it stands."""
         c = self.conversation
         messages = ([{"role": "system", "content": c.system_prompt}] if c.system_prompt else []) + \
@@ -252,7 +258,7 @@ class ChatApp(App):
         self.answer = self.store.add_message(c.id, "assistant", "")
         self.answer_view = MessageView("assistant", highlight=self.highlight)
         box = self.query_one("#messages", VerticalScroll)
-        box.mount(self.answer_view)
+        await box.mount(self.answer_view)
         box.anchor()
         self._cancel = threading.Event()
         self._saved_at = time.monotonic()
@@ -305,12 +311,9 @@ class ChatApp(App):
                         "(Ctrl+N), or drop old messages by deleting them.", severity="warning")
         await self._end(stopped=event.reason in ("cancelled", "length"), stats=stats)
 
-    _arm = ""
-
     def live(self, d: Delta) -> None:
         """The footer while an answer is written: speed, τ, drafts accepted, what runs now."""
         self._arm = d.arm
-        self._live = getattr(self, "_live", None)
         now = time.monotonic()
         if d.arm == "prompt":
             self._live = {"start": now, "tokens": 0, "drafted": 0, "accepted": 0, "iterations": 0}
@@ -338,11 +341,11 @@ class ChatApp(App):
         if self.answer is not None:
             self._cancel.set()
 
-    def action_new_conversation(self) -> None:
+    async def action_new_conversation(self) -> None:
         if self.answer is not None:
             return
         self.conversation = None
-        self.query_one("#messages").remove_children()
+        await self.query_one("#messages").remove_children()
         self.sub_title = ""
         self.status("new conversation")
         self.query_one("#prompt").focus()
@@ -381,10 +384,10 @@ class ChatApp(App):
         if self.conversation is None or self.answer is not None:
             return
 
-        def done(yes: bool | None) -> None:
+        async def done(yes: bool | None) -> None:
             if yes:
                 self.store.delete_conversation(self.conversation.id)
-                self.action_new_conversation()
+                await self.action_new_conversation()
                 self.refresh_list()
                 self.notify("Conversation deleted.")
         self.push_screen(ConfirmScreen(f"Delete “{self.conversation.title}”?"), done)
@@ -411,16 +414,15 @@ class ChatApp(App):
         self.copy_to_clipboard(blocks[-1])
         self.notify(f"Copied the last code block ({len(blocks[-1].splitlines())} lines).")
 
-    def action_regenerate(self) -> None:
+    async def action_regenerate(self) -> None:
         if self.answer is not None or self.engine is None or self.conversation is None:
             return
         messages = self.store.messages(self.conversation.id)
         if not messages or messages[-1].role != "assistant":
             return
         self.store.delete_message(messages[-1].id)
-        views = list(self.query(MessageView))
-        views[-1].remove()
-        self.ask()
+        await list(self.query(MessageView))[-1].remove()
+        await self.ask()
 
     def action_settings(self) -> None:
         c = self.current_conversation()
@@ -452,7 +454,7 @@ class ChatApp(App):
         except LocalspecError as e:
             self.post_message(Loaded(None, str(e)))
             return
-        self._load.__wrapped__(self, name)
+        self._load_engine(name)
 
     def get_system_commands(self, screen: Screen):
         yield from super().get_system_commands(screen)

@@ -98,6 +98,7 @@ def trace_chart(requests: list[list], title: str, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    requests = [[it for it in its if it.arm != "prompt"] for its in requests]  # Cascade's iterations
     rows = [it for its in requests for it in its]
     utility = [u for its in requests for u in phase_utilities(its)]
     arms = [("", 0) if it.arm == "plain" else (it.arm.rsplit("@", 1)[0], int(it.arm.rsplit("@", 1)[1]))

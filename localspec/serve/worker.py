@@ -1,0 +1,70 @@
+"""The one thread that owns the engine: jobs run one at a time, in the order they arrive, and
+their events go back to the event loop that waits for them. A job whose client went away is
+cancelled (skipped if it has not started, stopped within one iteration if it has)."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from localspec.engine import Engine
+from localspec.errors import LocalspecError
+
+END = object()  # the last item a job puts on its queue
+
+
+@dataclass
+class Job:
+    run: Callable[[Engine, threading.Event], Iterable]  # the items for the client, in order
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def put(self, item) -> None:
+        self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+
+
+class Worker:
+    def __init__(self, load: Callable[[], Engine]):
+        """`load` makes the engine, in the worker's thread: until it has, `ready` is False."""
+        self.engine: Engine | None = None
+        self.error: str | None = None
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._serve, args=(load,), name="localspec-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None
+
+    def submit(self, run: Callable[[Engine, threading.Event], Iterable]) -> Job:
+        job = Job(run, asyncio.get_running_loop())
+        self._jobs.put(job)
+        return job
+
+    def _serve(self, load: Callable[[], Engine]) -> None:
+        try:
+            self.engine = load()
+        except LocalspecError as e:
+            self.error = str(e)
+        while (job := self._jobs.get()) is not None:
+            if job.cancel.is_set():
+                job.put(END)
+                continue
+            try:
+                if self.engine is None:
+                    raise LocalspecError(self.error or "the model is still loading")
+                for item in job.run(self.engine, job.cancel):
+                    job.put(item)
+            except Exception as e:  # noqa: BLE001 -- the client gets it; the worker goes on
+                job.put(e)
+            job.put(END)
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=30)
+        if self.engine is not None:
+            self.engine.close()

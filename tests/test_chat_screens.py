@@ -1,0 +1,77 @@
+"""Snapshots of the chat app's main screens (pytest-textual-snapshot; `--snapshot-update`
+rewrites them after a deliberate change). The conversations come from the database, so what
+the screens show does not depend on this machine's speed."""
+
+import asyncio
+import time
+
+import pytest
+
+from localspec.drafters.spec import DrafterSpec
+from localspec.engine import EngineConfig
+from tui.app import ChatApp, ChatConfig
+from tui.store import Store
+
+STATS = {"predicted_per_second": 41.3, "tau": 1.62, "draft_n": 58, "draft_n_accepted": 37,
+         "arm": "lookup@3", "cache_n": 128, "predicted_n": 96, "prompt_n": 41,
+         "ran": {"lookup@3": 40, "plain": 12}}
+ANSWER = [
+    ["Here is a function that reverses a string:\n\n```python\ndef reverse(", None],
+    ["text: str) -> str:\n", "lookup"],
+    ["    return text[::-1]\n```\n\nIt uses a slice with a step of ", None],
+    ["-1", "jakiro:smollm2-135m-instruct.q8_0"],
+    [".", None],
+]
+
+
+@pytest.fixture
+def app(small_path, tmp_path):
+    db = tmp_path / "chats.db"
+    store = Store(db)
+    old = store.new_conversation("smollm2-135m-instruct")
+    old.title = "Haiku about the sea"
+    store.update_conversation(old)
+    store.add_message(old.id, "user", "Write a haiku about the sea.")
+    c = store.new_conversation("smollm2-135m-instruct")
+    c.title = "Reverse a string"
+    store.update_conversation(c)
+    store.add_message(c.id, "user", "Write a Python function that reverses a string.")
+    answer = store.add_message(c.id, "assistant", "")
+    answer.text, answer.pieces, answer.stats = "".join(t for t, _ in ANSWER), ANSWER, STATS
+    store.save_message(answer)
+    store.set_setting("last_conversation", str(c.id))
+    store.close()
+    engine = EngineConfig(model=str(small_path), n_ctx=1024, threads=1, drafter=DrafterSpec("lookup"))
+    return ChatApp(ChatConfig(engine, db=db))
+
+
+async def loaded(pilot) -> None:
+    end = time.monotonic() + 120
+    while (pilot.app.engine is None or pilot.app._progress is not None) and time.monotonic() < end:
+        await asyncio.sleep(0.05)
+        await pilot.pause()
+    await pilot.pause()
+
+
+def test_main_screen(app, snap_compare):
+    assert snap_compare(app, run_before=loaded, terminal_size=(110, 32))
+
+
+def test_drafted_text_coloured(app, snap_compare):
+    assert snap_compare(app, run_before=loaded, press=["ctrl+t"], terminal_size=(110, 32))
+
+
+def test_answer_statistics(app, snap_compare):
+    assert snap_compare(app, run_before=loaded, press=["f3"], terminal_size=(110, 32))
+
+
+def test_keys_screen(app, snap_compare):
+    assert snap_compare(app, run_before=loaded, press=["f1"], terminal_size=(110, 32))
+
+
+def test_settings_screen(app, snap_compare):
+    assert snap_compare(app, run_before=loaded, press=["f6"], terminal_size=(110, 32))
+
+
+def test_delete_asks_first(app, snap_compare):
+    assert snap_compare(app, run_before=loaded, press=["f8"], terminal_size=(110, 32))
