@@ -107,6 +107,33 @@ def cmd_chat(a: argparse.Namespace) -> None:
     run(ChatConfig(engine_config(a, [a.drafter]), max_tokens=a.max_tokens))
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def cmd_serve(a: argparse.Namespace) -> None:
+    import uvicorn
+
+    from localspec import store
+    from localspec.engine import Engine
+    from localspec.serve.app import ServeConfig, create_app
+    from localspec.serve.worker import Worker
+
+    if a.host not in LOOPBACK and not a.api_key:
+        raise LocalspecError(f"serving on {a.host} lets other machines in: give --api-key KEY as well "
+                             "(clients then send 'Authorization: Bearer KEY')")
+    store.resolve(a.model)  # a missing or unknown model fails here, in one line, before serving
+    # Two caches: an editor's completions and a chat do not evict each other.
+    cfg = replace(engine_config(a, [a.drafter]), slots=2)
+    worker = Worker(lambda: Engine(cfg))
+    print(f"localspec serving {a.model} on http://{a.host}:{a.port} (/infill, /completion, /v1/*); "
+          "loading …", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(create_app(worker, ServeConfig(api_key=a.api_key)), host=a.host, port=a.port,
+                    log_level="warning", timeout_graceful_shutdown=5)
+    finally:
+        worker.close()
+
+
 def cmd_pull(a: argparse.Namespace) -> None:
     from localspec import store
     path = (store.add_local(a.name, a.as_name) if store.looks_like_path(a.name)
@@ -288,6 +315,17 @@ def parser() -> argparse.ArgumentParser:
                     help=DRAFTER_HELP + " (default: auto; each conversation can change it)")
     ch.add_argument("--max-tokens", type=int, default=1024, help="longest answer")
     ch.set_defaults(func=cmd_chat)
+
+    sv = sub.add_parser("serve", help="serve code completion for editors and an OpenAI-compatible API")
+    add_engine_args(sv)
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine "
+                    "only; any other needs --api-key)")
+    sv.add_argument("--port", type=int, default=8012, help="port (default: 8012, llama.vim's and "
+                    "llama.vscode's default)")
+    sv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (except /health and /v1/models)")
+    sv.add_argument("--drafter", type=drafter_spec, default=DrafterSpec("auto"),
+                    help=DRAFTER_HELP + " (default: auto)")
+    sv.set_defaults(func=cmd_serve)
 
     pl = sub.add_parser("pull", help="download a model into the store (or import a local .gguf)")
     pl.add_argument("name", help="registry name, or path to a .gguf to import")

@@ -6,7 +6,9 @@ stream, or setting its cancel flag, stops generation within one iteration."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -21,7 +23,7 @@ from localspec.drafters.lookup import LookupDrafter
 from localspec.drafters.spec import AUTO, DrafterSpec
 from localspec.errors import LocalspecError
 from localspec.llama import Context, Model
-from localspec.llama.context import ContextConfig
+from localspec.llama.context import ContextConfig, common_prefix
 from localspec.llama.cost import CostCurve, cost_curve
 from localspec.llama.model import LogHandler, set_log_handler
 from localspec.llama.text import chat_tokens, complete_utf8_prefix
@@ -52,6 +54,9 @@ class EngineConfig:
     # The target's hidden states, for feature drafters (Jakiro); None: when `drafter` may
     # run one (auto does when a Jakiro drafter ships for the target).
     features: bool | None = None
+    # Contexts (KV caches) kept for prompts that share nothing: a server's editor completions
+    # and chats each keep theirs instead of evicting each other. Each costs its KV cache.
+    slots: int = 1
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,7 @@ class Done:
     text: str           # the whole answer
     tokens: list[int]   # every token generated (past a stop string too)
     stats: Stats
+    stop: str = ""      # the stop string that ended it
 
 
 class Engine:
@@ -103,9 +109,12 @@ class Engine:
         # one may run, decided once here.
         features = cfg.features if cfg.features is not None else cfg.drafter.uses_features or (
             cfg.drafter.kind == "auto" and not cfg.drafter.members and store.shipped_drafter(path) is not None)
-        self.ctx = Context(self.model, ContextConfig(
-            n_ctx=cfg.n_ctx, n_threads=cfg.threads, flash_attn=cfg.flash_attn, n_seq_max=cfg.n_seq_max,
-            kv_type="bf16" if cfg.strict else "f16", embeddings=features))
+        config = ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads, flash_attn=cfg.flash_attn,
+                               n_seq_max=cfg.n_seq_max, kv_type="bf16" if cfg.strict else "f16",
+                               embeddings=features)
+        self.slots = [Context(self.model, config) for _ in range(max(1, cfg.slots))]
+        self.ctx = self.slots[0]  # the slot the last request ran in
+        self._used = [0.0] * len(self.slots)
         self._curve: CostCurve | None = None
         self._drafters: dict[DrafterSpec, Drafter] = {}
         self._controllers: dict[DrafterSpec, Controller] = {}
@@ -118,7 +127,8 @@ class Engine:
         if cfg.strict:
             curve = self.curve
             if curve.exact_batch >= 2:  # prompts too in batches that reproduce single tokens
-                self.ctx.chunk, self.ctx.all_exact = curve.exact_batch, True
+                for ctx in self.slots:
+                    ctx.chunk, ctx.all_exact = curve.exact_batch, True
 
     # --- what the engine holds ---------------------------------------------------------------
 
@@ -242,20 +252,52 @@ class Engine:
             return self.model.tokenize(request.prompt)
         return list(request.prompt)
 
-    def generate(self, request: Request, cancel: threading.Event | None = None,
-                 on_iteration: Callable[[Iteration], None] | None = None) -> Iterator[Delta | Done]:
-        """Run `request`: Delta events as text is written (never part of a stop string, never
-        half a character), then one Done. `cancel` set, or the stream closed, ends it after
-        the iteration under way; the cache is left consistent either way."""
+    def prefill(self, request: Request) -> Stats:
+        """Only put the request's prompt in the cache (an editor's warm-up): what generate
+        would reuse next, computed as it would compute it."""
+        with self._running():
+            tokens = self.prompt_tokens(request)
+            stats = Stats()
+            t0 = time.perf_counter()
+            stats.cache_n, _ = self._slot(tokens).prefill(tokens, progress=self._reading)
+            stats.prompt_n = len(tokens) - stats.cache_n
+            stats.prompt_ms = (time.perf_counter() - t0) * 1e3
+            return stats
+
+    def _slot(self, tokens: list[int]) -> Context:
+        """The context to run a prompt in: the one that shares most of it, else the one used
+        longest ago. It becomes `ctx`."""
+        shared = [common_prefix(c.tokens, tokens) for c in self.slots]
+        best = max(range(len(self.slots)), key=lambda i: (shared[i], -self._used[i]))
+        if shared[best] == 0:
+            best = min(range(len(self.slots)), key=lambda i: self._used[i])
+        self._used[best] = time.monotonic()
+        self.ctx = self.slots[best]
+        return self.ctx
+
+    def _reading(self, done: int, total: int) -> None:
+        self.progress("reading the prompt", done, total)
+
+    @contextlib.contextmanager
+    def _running(self) -> Iterator[None]:
+        """One request at a time; the thread that runs one may not start another."""
         me = threading.get_ident()
         if self._owner == me:
             raise LocalspecError("a request is still running on this engine: finish or close its stream first")
         with self._lock:
             self._owner = me
             try:
-                yield from self._generate(request, cancel, on_iteration)
+                yield
             finally:
                 self._owner = None
+
+    def generate(self, request: Request, cancel: threading.Event | None = None,
+                 on_iteration: Callable[[Iteration], None] | None = None) -> Iterator[Delta | Done]:
+        """Run `request`: Delta events as text is written (never part of a stop string, never
+        half a character), then one Done. `cancel` set, or the stream closed, ends it after
+        the iteration under way; the cache is left consistent either way."""
+        with self._running():
+            yield from self._generate(request, cancel, on_iteration)
 
     def _generate(self, request: Request, cancel, on_iteration) -> Iterator[Delta | Done]:
         tokens = self.prompt_tokens(request)
@@ -277,8 +319,8 @@ class Engine:
         text = TextStream(self.model, request.stop)
         generated: list[int] = []
         reason = None
-        steps = run(self.ctx, controller, tokens, request.sampling, request.max_tokens, stats,
-                    tie_bound, max_batch, stop_at_eog=not request.ignore_eog)
+        steps = run(self._slot(tokens), controller, tokens, request.sampling, request.max_tokens, stats,
+                    tie_bound, max_batch, stop_at_eog=not request.ignore_eog, progress=self._reading)
         try:
             while reason is None:
                 if cancel is not None and cancel.is_set():  # seen before the next iteration
@@ -306,7 +348,7 @@ class Engine:
             rest = text.take(final=True)
             if rest:
                 yield Delta(rest, 0, 0, controller.arm)
-        yield Done(reason, text.text, generated, stats)
+        yield Done(reason, text.text, generated, stats, text.matched)
 
     def close(self) -> None:
         for d in self._drafters.values():
@@ -314,7 +356,8 @@ class Engine:
         for ctx in self._draft_ctxs.values():
             ctx.close()
             ctx.model.close()
-        self.ctx.close()
+        for ctx in self.slots:
+            ctx.close()
         self.model.close()
 
 
@@ -330,6 +373,7 @@ class TextStream:
         self.held: list[list] = []  # [text, source] runs not yet given out
         self.text = ""  # everything given out
         self.stopped = False
+        self.matched = ""  # the stop string found
         self._out: list[tuple[str, str | None]] = []
 
     def feed(self, token: int, source: str | None) -> None:
@@ -343,9 +387,10 @@ class TextStream:
         else:
             self.held.append([new, source])
         held = "".join(t for t, _ in self.held)
-        found = [i for i in (held.find(s) for s in self.stops) if i >= 0]
+        found = [(i, s) for i, s in ((held.find(s), s) for s in self.stops) if i >= 0]
         if found:
-            self._release(min(found))
+            at, self.matched = min(found)
+            self._release(at)
             self.held, self.stopped = [], True
             return
         # Keep back the longest end of the text that begins a stop string.

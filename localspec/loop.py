@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 from localspec.control.controllers import Plain
 from localspec.drafters.base import Budget, Drafter
@@ -98,13 +98,15 @@ class Iteration:
 
 def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: SamplingConfig,
         max_tokens: int, stats: Stats | None = None, tie_bound: float = 0.0,
-        max_batch: int | None = None, stop_at_eog: bool = True) -> Iterator[Iteration]:
+        max_batch: int | None = None, stop_at_eog: bool = True,
+        progress: Callable[[int, int], None] | None = None) -> Iterator[Iteration]:
     """Generate up to `max_tokens` after `prompt`, an iteration at a time; stops after an
     end-of-generation token (which is emitted) unless stop_at_eog is off. With tie_bound > 0
     (strict, greedy) a position whose top-two gap in the batched logits is below it is
     decided by a single-token forward, as plain decoding would; `max_batch` caps every target
-    forward (strict: the largest batch that reproduces single-token decoding). Closing the
-    generator between iterations leaves the KV cache holding exactly ctx.tokens."""
+    forward (strict: the largest batch that reproduces single-token decoding). `progress`
+    hears how much of a long prompt is decoded. Closing the generator between iterations
+    leaves the KV cache holding exactly ctx.tokens."""
     t0 = time.perf_counter()
     stats = stats if stats is not None else Stats()
     prompt = list(prompt)
@@ -120,7 +122,7 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
             d.commit(ctx, first_pos, rows)
 
     window = max((d.feature_window for d in followers), default=1)
-    reused, logits = ctx.prefill(prompt, window, commit if followers else None)
+    reused, logits = ctx.prefill(prompt, window, commit if followers else None, progress)
     max_tokens = min(max_tokens, ctx.n_ctx - len(prompt) + 1)  # stop where the context ends
     first = sampler.sample(logits)
     sampler.extend([first])

@@ -52,16 +52,16 @@ async def until(pilot, predicate, timeout: float = 120.0) -> None:
 
 
 async def ready(pilot) -> None:
-    await until(pilot, lambda: pilot.app.engine is not None or pilot.app._progress is None)
+    await until(pilot, lambda: not pilot.app.loading)
 
 
 async def say(pilot, text: str) -> None:
     """Type a message, send it, and wait for the answer to end."""
     app = pilot.app
+    before = len(app.query(MessageView))
     app.query_one("#prompt").insert(text)
     await pilot.press("enter")
-    await until(pilot, lambda: app.answer is not None)
-    await until(pilot, lambda: app.answer is None)
+    await until(pilot, lambda: len(app.query(MessageView)) == before + 2 and app.answer is None)
 
 
 def plain(small_path, messages, max_tokens) -> str:
@@ -204,7 +204,7 @@ def test_a_missing_model_is_a_notice_and_the_app_keeps_running(small_path, tmp_p
         cfg = config(small_path, tmp_path)
         app = Recording(ChatConfig(EngineConfig(model=str(tmp_path / "nope.gguf")), db=cfg.db))
         async with app.run_test(size=(100, 30)) as pilot:
-            await until(pilot, lambda: app._progress is None)
+            await until(pilot, lambda: not app.loading)
             app.query_one("#prompt").insert("hello")
             await pilot.press("enter")
             await pilot.pause()

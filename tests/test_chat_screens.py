@@ -47,7 +47,7 @@ def app(small_path, tmp_path):
 
 async def loaded(pilot) -> None:
     end = time.monotonic() + 120
-    while (pilot.app.engine is None or pilot.app._progress is not None) and time.monotonic() < end:
+    while pilot.app.loading and time.monotonic() < end:
         await asyncio.sleep(0.05)
         await pilot.pause()
     await pilot.pause()

@@ -69,7 +69,7 @@ class Streamed(TextualMessage):
 
 
 class ChatApp(App):
-    CSS_PATH = "chat.tcss"
+    CSS_PATH = Path(__file__).with_name("chat.tcss")  # absolute: subclasses live elsewhere
     TITLE = "localspec chat"
     AUTO_FOCUS = "#prompt"
     BINDINGS = [
@@ -82,8 +82,8 @@ class ChatApp(App):
         Binding("f3", "toggle_stats", "Stats", show=False),
         Binding("f4", "copy_code", "Copy code", show=False),
         Binding("f5", "regenerate", "Again", show=False),
-        Binding("f6", "settings", "Settings", show=False),
-        Binding("f7", "switch_model", "Model", show=False),
+        Binding("f6", "settings", "Settings", show=False, priority=True),  # the prompt binds F6, F7
+        Binding("f7", "switch_model", "Model", show=False, priority=True),
         Binding("f8", "delete", "Delete", show=False),
         Binding("f9", "export", "Export", show=False),
     ]
@@ -105,6 +105,8 @@ class ChatApp(App):
         self._progress: ProgressScreen | None = None
         self._live: dict = {}  # the answer being written: its numbers so far
         self._arm = ""
+        self._log = None  # llama.cpp's log file
+        self.loading = True  # an engine is being loaded
 
     # --- screen ------------------------------------------------------------------------------
 
@@ -140,6 +142,13 @@ class ChatApp(App):
         options.clear_options()
         options.add_options(Option(c.title or "(new conversation)", id=str(c.id))
                             for c in self.store.conversations())
+        self.highlight_in_list()
+
+    def highlight_in_list(self) -> None:
+        options = self.query_one("#conversations", OptionList)
+        ids = [o.id for o in options.options]
+        options.highlighted = ids.index(str(self.conversation.id)) if self.conversation and \
+            str(self.conversation.id) in ids else None
 
     def status(self, text: str) -> None:
         self.query_one("#status", StatusLine).update(text)
@@ -156,11 +165,13 @@ class ChatApp(App):
         old, self.engine = self.engine, None
         if old is not None:
             old.close()
+        if self._log is None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_path, "a", buffering=1)
         try:
-            log = open(self.log_path, "a", buffering=1)
             engine = Engine(replace(self.cfg.engine, model=model),
                             progress=lambda *a: self.post_message(Progress(*a)),
-                            log=lambda level, text: log.write(text))
+                            log=lambda level, text: self._log.write(text))
             engine.curve  # measured on first use: here, with its progress shown
             self.post_message(Loaded(engine))
         except LocalspecError as e:
@@ -173,6 +184,7 @@ class ChatApp(App):
             self.status(f"{m.what} {m.done / m.total:.0%}")
 
     def on_loaded(self, m: Loaded) -> None:
+        self.loading = False
         if self._progress is not None:
             self._progress.dismiss()
             self._progress = None
@@ -182,7 +194,17 @@ class ChatApp(App):
             return
         self.engine = m.engine
         self.model_name = m.engine.cfg.model
-        self.status(f"{m.engine.model.path.stem} ready · Ctrl+P: commands · F1: keys")
+        self.idle_status()
+
+    def idle_status(self) -> None:
+        """The model, and the last answer's numbers (or where to start)."""
+        last = None
+        if self.conversation is not None:
+            last = next((x for x in reversed(self.store.messages(self.conversation.id))
+                         if x.role == "assistant"), None)
+        model = self.engine.model.path.stem if self.engine else "no model loaded"
+        self.status(f"{model} · " + (format_stats(last.stats) if last and last.stats
+                                     else "Ctrl+P: commands · F1: keys"))
 
     # --- conversations -------------------------------------------------------------------
 
@@ -195,9 +217,9 @@ class ChatApp(App):
         await box.mount_all([MessageView(m.role, m.text, m.pieces, m.stats, m.stopped, self.highlight)
                              for m in messages])
         box.scroll_end(animate=False)
-        last = next((m for m in reversed(messages) if m.role == "assistant"), None)
-        self.status(format_stats(last.stats) if last else "")
+        self.idle_status()
         self.sub_title = c.title
+        self.highlight_in_list()
 
     def current_conversation(self) -> Conversation:
         if self.conversation is None:
@@ -333,7 +355,7 @@ class ChatApp(App):
         self.store.save_message(answer)
         await view.finish(stats, stopped)
         self.answer = self.answer_view = None
-        self.status(format_stats(stats))
+        self.idle_status()
 
     # --- commands ------------------------------------------------------------------------------
 
@@ -347,7 +369,7 @@ class ChatApp(App):
         self.conversation = None
         await self.query_one("#messages").remove_children()
         self.sub_title = ""
-        self.status("new conversation")
+        self.idle_status()
         self.query_one("#prompt").focus()
 
     def action_toggle_list(self) -> None:
@@ -442,6 +464,7 @@ class ChatApp(App):
 
         def done(name: str | None) -> None:
             if name:
+                self.loading = True
                 self._progress = ProgressScreen()
                 self.push_screen(self._progress)
                 self._pull_and_load(name)

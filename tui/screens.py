@@ -9,30 +9,28 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Markdown, OptionList, ProgressBar, TextArea
+from textual.widgets import Button, Input, Label, OptionList, ProgressBar, Static, TextArea
 from textual.widgets.option_list import Option
 
-KEYS = """\
-| key | what it does |
-|---|---|
-| Enter | send the message |
-| Shift+Enter, Ctrl+J | new line in the message |
-| Esc | stop the answer being written (it is kept, marked stopped) |
-| Ctrl+N | new conversation |
-| Ctrl+B | show or hide the conversation list |
-| Ctrl+T | colour the text that came from accepted drafts, by drafter |
-| Ctrl+P | command palette: every command below, by name |
-| F1 | this list |
-| F2 | rename the conversation |
-| F3 | statistics of every answer |
-| F4 | copy the last code block |
-| F5 | write the last answer again |
-| F6 | settings: system prompt, temperature, seed, drafter |
-| F7 | switch model |
-| F8 | delete the conversation |
-| F9 | export the conversation as Markdown |
-| Ctrl+Q | quit |
-"""
+KEYS = [
+    ("Enter", "send the message"),
+    ("Shift+Enter, Ctrl+J", "new line in the message"),
+    ("Esc", "stop the answer being written (it is kept, marked stopped)"),
+    ("Ctrl+N", "new conversation"),
+    ("Ctrl+B", "show or hide the conversation list"),
+    ("Ctrl+T", "colour the text that came from accepted drafts, by drafter"),
+    ("Ctrl+P", "command palette: every command, by name"),
+    ("F1", "this list"),
+    ("F2", "rename the conversation"),
+    ("F3", "statistics of every answer"),
+    ("F4", "copy the last code block"),
+    ("F5", "write the last answer again"),
+    ("F6", "settings: system prompt, temperature, seed, drafter"),
+    ("F7", "switch model"),
+    ("F8", "delete the conversation"),
+    ("F9", "export the conversation as Markdown"),
+    ("Ctrl+Q", "quit"),
+]
 
 
 class Modal(ModalScreen):
@@ -43,12 +41,15 @@ class KeysScreen(Modal):
     BINDINGS = [Binding("escape,f1,q", "dismiss(None)", "Close")]
 
     def compose(self) -> ComposeResult:
+        width = max(len(k) for k, _ in KEYS) + 3
         with Vertical(classes="dialog wide"):
             yield Label("Keys", classes="title")
-            yield Markdown(KEYS)
+            yield Static("\n".join(f"{k:<{width}}{what}" for k, what in KEYS), markup=False)
 
 
 class ConfirmScreen(Modal):
+    AUTO_FOCUS = "#no"  # Enter on its own keeps what is there
+
     def __init__(self, question: str):
         super().__init__()
         self.question = question
@@ -67,6 +68,8 @@ class ConfirmScreen(Modal):
 
 class TextScreen(Modal):
     """One line of text (a title)."""
+
+    AUTO_FOCUS = "#value"
 
     def __init__(self, title: str, value: str):
         super().__init__()
@@ -93,6 +96,8 @@ class Settings:
 class SettingsScreen(Modal):
     """The conversation's system prompt, temperature, seed and drafter; checked before they
     are taken."""
+
+    AUTO_FOCUS = "#system"
 
     def __init__(self, current: Settings, check_drafter):
         super().__init__()
@@ -143,6 +148,8 @@ class SettingsScreen(Modal):
 class ModelScreen(Modal):
     """The models the store knows; one not on disk is pulled first."""
 
+    AUTO_FOCUS = "OptionList"
+
     def __init__(self, rows: list[tuple[str, int, int | None, str]], current: str):
         super().__init__()
         self.rows, self.current = rows, current
@@ -168,5 +175,7 @@ class ProgressScreen(ModalScreen):
             yield ProgressBar(total=None, show_eta=False, id="bar")
 
     def report(self, what: str, done: float, total: float) -> None:
+        if not self.is_mounted:
+            return
         self.query_one("#what", Label).update(what)
         self.query_one("#bar", ProgressBar).update(total=total, progress=done)

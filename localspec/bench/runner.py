@@ -13,6 +13,8 @@ from localspec.drafters.spec import NONE, DrafterSpec
 from localspec.engine import Engine, Request
 from localspec.llama.text import chat_tokens
 from localspec.sampling import SamplingConfig
+from localspec.serve.app import ServeConfig
+from localspec.serve.infill import ExtraChunk, infill_tokens
 
 
 @dataclass
@@ -64,6 +66,10 @@ class Config:
 def prompt_tokens(engine: Engine, p: Prompt) -> list[int]:
     if p.kind == "chat":
         return chat_tokens(engine.model, [{"role": "user", "content": p.prompt}])
+    if p.kind == "fim":  # as localspec serve (and llama-server) build an editor's request
+        return infill_tokens(engine.model, p.prefix, p.suffix, p.prompt,
+                             [ExtraChunk(f, t) for f, t in p.extra], ServeConfig.infill_batch,
+                             engine.ctx.n_ctx, ServeConfig.infill_predict)
     return engine.model.tokenize(p.prompt)
 
 

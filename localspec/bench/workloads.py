@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ast
-import gzip
 import functools
+import gzip
+import importlib.util
 import itertools
 import json
+import random
 import textwrap
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -20,8 +22,74 @@ from localspec.errors import LocalspecError
 @dataclass(frozen=True)
 class Prompt:
     id: str
-    kind: str  # "completion" | "chat"
-    prompt: str
+    kind: str  # "completion" | "chat" | "fim"
+    prompt: str              # fim: the text left of the cursor on its line
+    prefix: str = ""         # fim: the lines before the cursor's, as editors send them
+    suffix: str = ""         # fim: what follows the cursor
+    extra: tuple = ()        # fim: (filename, text) chunks of sibling files
+    n_indent: int = 0        # fim: the cursor line's indentation
+
+
+# Packages the fill-in-the-middle workload takes its files from: real code that no shipped
+# drafter was trained on (their corpus is the first ~100k tokens of the sorted standard
+# library), there wherever localspec's server is installed.
+FIM_PACKAGES = ["fastapi", "starlette", "pydantic", "httpx", "uvicorn", "rich", "textual"]
+
+
+def fim_files() -> dict[str, list[Path]]:
+    """Per package, its .py files of at least 120 lines, in a stable order."""
+    out = {}
+    for name in FIM_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        root = Path(list(spec.submodule_search_locations)[0])
+        files = [p for p in sorted(root.rglob("*.py"))
+                 if "tests" not in p.parts and not any("data" in part for part in p.parts[-2:])]
+        out[name] = [p for p in files if _lines(p) >= 120]
+    return out
+
+
+def _lines(path: Path) -> int:
+    try:
+        return path.read_text(encoding="utf-8").count("\n")
+    except (OSError, UnicodeDecodeError):
+        return 0
+
+
+def fim(limit: int = 30, seed: int = 0) -> list[Prompt]:
+    """Code completion as editors ask for it (llama.vim's defaults): a cursor on a random code
+    line of a real file, typing a new line (the line's first characters typed, the rest of it
+    gone), 256 lines of prefix and 64 of suffix, and 16 extra chunks of 64 lines from sibling
+    files of the same package."""
+    rng = random.Random(seed)
+    by_package = fim_files()
+    packages = sorted(p for p in by_package if len(by_package[p]) >= 2)
+    if not packages:
+        raise LocalspecError(f"no package of {', '.join(FIM_PACKAGES)} is installed for the fim workload")
+    out = []
+    while len(out) < limit:
+        files = by_package[packages[len(out) % len(packages)]]
+        path = rng.choice(files)
+        lines = path.read_text(encoding="utf-8").split("\n")
+        code = [i for i in range(20, len(lines) - 5) if len(lines[i].strip()) >= 8]
+        if not code:
+            continue
+        i = rng.choice(code)
+        line = lines[i]
+        indent = len(line) - len(line.lstrip())
+        typed = line[:indent + rng.randint(1, max(1, min(12, len(line.strip()) // 2)))]
+        extra = []
+        for sibling in rng.sample([f for f in files if f != path], min(3, len(files) - 1)):
+            text = sibling.read_text(encoding="utf-8").split("\n")
+            for _ in range(16 // 3 + 1):
+                start = rng.randrange(max(1, len(text) - 64))
+                extra.append((str(sibling.relative_to(sibling.parents[1])), "\n".join(text[start:start + 64]) + "\n"))
+        out.append(Prompt(f"fim/{packages[len(out) % len(packages)]}/{path.name}:{i + 1}", "fim", typed,
+                          prefix="\n".join(lines[max(0, i - 256):i]) + "\n",
+                          suffix="\n" + "\n".join(lines[i + 1:i + 65]) + "\n",
+                          extra=tuple(extra[:16]), n_indent=indent))
+    return out
 
 
 def humaneval(limit: int = 100) -> list[Prompt]:
@@ -82,7 +150,7 @@ def mix(limit: int = 30) -> list[Prompt]:
     return [p for group in itertools.zip_longest(*parts) for p in group if p][:limit]
 
 
-BUILTIN = {"humaneval": humaneval, "code-edit": code_edit, "sharegpt": sharegpt, "mix": mix,
+BUILTIN = {"humaneval": humaneval, "code-edit": code_edit, "sharegpt": sharegpt, "mix": mix, "fim": fim,
            "sharegpt-train": functools.partial(sharegpt, part="train")}
 
 
@@ -97,7 +165,7 @@ def load(spec: str, limit: int) -> list[Prompt]:
         prompts = [Prompt(str(x["id"]), x["kind"], x["prompt"]) for x in items]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise LocalspecError(f"{path}: not a list of {{id, kind, prompt}} ({e})") from None
-    bad = [p.id for p in prompts if p.kind not in ("completion", "chat")]
+    bad = [p.id for p in prompts if p.kind not in ("completion", "chat", "fim")]
     if bad:
         raise LocalspecError(f"{path}: kind must be 'completion' or 'chat' (prompt {bad[0]})")
     return prompts[:limit]

@@ -17,6 +17,7 @@ from localspec.errors import LocalspecError
 FLASH_ATTN = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
               "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 KV_TYPES = {"f16": 1, "bf16": 30, "q8_0": 8, "f32": 0}  # ggml_type values
+PROGRESS_AFTER = 512  # tokens of prompt to decode beyond which prefill reports progress
 
 
 def default_threads() -> int:
@@ -33,7 +34,7 @@ class ContextConfig:
     flash_attn: str = "auto"   # auto | on | off
     kv_type: str = "f16"       # f16 | bf16 | q8_0 | f32: element type of the KV cache
     embeddings: bool = False   # also return final hidden states (the LM-head input)
-    chunk: int = 64            # prompts are decoded in chunks starting at multiples of this
+    chunk: int = 128           # prompts are decoded in chunks starting at multiples of this (docs/benchmarks.md: 64 costs 9% of prefill speed, 128 1%)
 
 
 class Context:
@@ -126,12 +127,14 @@ class Context:
         self.tokens.append(token)
 
     def prefill(self, tokens: Sequence[int], n_outputs: int = 1,
-                on_outputs: Callable[[int, list[int]], None] | None = None) -> tuple[int, np.ndarray]:
+                on_outputs: Callable[[int, list[int]], None] | None = None,
+                progress: Callable[[int, int], None] | None = None) -> tuple[int, np.ndarray]:
         """Make sequence 0 hold the prompt `tokens`, reusing cached positions only where that
         cannot change a result. Returns how many positions were reused and the logits of the
         prompt's last token (a copy, kept for the same prompt asked again). Outputs (logits,
         hidden states) of the last `n_outputs` positions decoded go to on_outputs(first
-        position, batch rows) after each chunk.
+        position, batch rows) after each chunk; a prompt of more than PROGRESS_AFTER tokens to
+        decode reports progress(decoded, to decode) as it goes.
 
         Why chunks at fixed positions: llama.cpp computes a row of a batch slightly differently
         from the same row in a batch of another size, so a cached position equals what a cold
@@ -159,6 +162,7 @@ class Context:
         self.n_exact = n if reuse <= base else base
         first_out = n - max(1, n_outputs)
         start = reuse
+        report = progress if progress is not None and n - reuse > PROGRESS_AFTER else None
         while start < n:
             end = min(n, (start // c + 1) * c)
             chunk = tokens[start:end]
@@ -169,6 +173,8 @@ class Context:
                 first = max(start, first_out)
                 on_outputs(first, list(range(first - start, end - start)))
             start = end
+            if report:
+                report(end - reuse, n - reuse)
         self._last = (n, self.logits(len(chunk) - 1).copy())
         return reuse, self._last[1]
 

@@ -74,6 +74,39 @@ def sse(events: AsyncIterator[dict | str]) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
+class Guard:
+    """Before any route: the API key (if one is set), the body's size (as it arrives, whatever
+    the headers say), and 503 while the model loads. Plain ASGI, so that streams and the
+    client's disconnect pass through untouched."""
+
+    def __init__(self, app, worker: Worker, cfg: ServeConfig):
+        self.app, self.worker, self.cfg = app, worker, cfg
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path, headers = scope["path"], dict(scope["headers"])
+        if self.cfg.api_key and path not in PUBLIC:
+            given = headers.get(b"authorization", b"").decode("latin-1")
+            if not given.startswith("Bearer ") or given[len("Bearer "):] != self.cfg.api_key:
+                return await error(401, "Invalid API Key")(scope, receive, send)
+        if path not in PUBLIC and not self.worker.ready:
+            return await error(503, self.worker.error or "Loading model")(scope, receive, send)
+        size = headers.get(b"content-length", b"")
+        if size.isdigit() and int(size) > self.cfg.max_body:
+            return await error(413, f"request body larger than {self.cfg.max_body} bytes")(scope, receive, send)
+        seen = 0
+
+        async def bounded():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.cfg.max_body:  # FastAPI passes HTTP exceptions through body parsing
+                raise HTTPException(413, f"request body larger than {self.cfg.max_body} bytes")
+            return message
+        await self.app(scope, bounded, send)
+
+
 def create_app(worker: Worker, cfg: ServeConfig = ServeConfig()) -> FastAPI:
     app = FastAPI(title="localspec", version=__version__, docs_url=None, redoc_url=None)
     app.state.worker = worker
@@ -94,18 +127,7 @@ def create_app(worker: Worker, cfg: ServeConfig = ServeConfig()) -> FastAPI:
     async def http_error(_, e: HTTPException):
         return error(e.status_code, "File Not Found" if e.status_code == 404 else str(e.detail))
 
-    @app.middleware("http")
-    async def guard(request: HTTPRequest, call_next):
-        if cfg.api_key and request.url.path not in PUBLIC:
-            given = request.headers.get("authorization", "")
-            if not given.startswith("Bearer ") or given[len("Bearer "):] != cfg.api_key:
-                return error(401, "Invalid API Key")
-        size = request.headers.get("content-length")
-        if size and size.isdigit() and int(size) > cfg.max_body:
-            return error(413, f"request body larger than {cfg.max_body} bytes")
-        if request.url.path not in PUBLIC and not worker.ready:
-            return error(503, worker.error or "Loading model")
-        return await call_next(request)
+    app.add_middleware(Guard, worker=worker, cfg=cfg)
 
     def engine() -> Engine:
         if worker.engine is None:

@@ -1,0 +1,330 @@
+"""`localspec serve` as a real process on a loopback port: the official openai client, llama.vim's
+and llama.vscode's request bodies exactly as they send them, disconnects, many clients at once,
+bad requests, fuzzing from the schema, and memory over many requests."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+import httpx
+import pytest
+
+from localspec.drafters.spec import DrafterSpec
+from localspec.engine import Engine, EngineConfig, Request
+from localspec.sampling import SamplingConfig
+
+GREEDY = SamplingConfig(temperature=0)
+
+# llama.vim (ggml-org/llama.vim, autoload/llama.vim): the ring-buffer warm-up, then a completion,
+# field by field as s:ring_update() and llama#fim() build them (Vim's json_encode of reltime()
+# gives a list of two ints for `time`; `model` is always sent, "" by default).
+VIM_EXTRA = [{"text": "def helper(x):\n    return x * 2\n", "time": [1738312345, 123456],
+              "filename": "util.py"}]
+VIM_WARMUP = {"id_slot": 0, "input_prefix": "", "input_suffix": "", "input_extra": VIM_EXTRA, "prompt": "",
+              "n_predict": 0, "temperature": 0.0, "samplers": [], "stream": False, "cache_prompt": True,
+              "t_max_prompt_ms": 1, "t_max_predict_ms": 1, "response_fields": [""], "model": ""}
+VIM_FIELDS = ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
+              "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
+              "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated", "tokens_cached"]
+VIM_FIM = {"id_slot": 0, "input_prefix": "import os\n\n\ndef list_files(path):\n",
+           "input_suffix": "\n\n\nif __name__ == \"__main__\":\n    print(list_files(\".\"))\n",
+           "input_extra": VIM_EXTRA, "prompt": "    ", "n_predict": 128, "stop": [], "n_indent": 4,
+           "top_k": 40, "top_p": 0.9, "samplers": ["top_k", "top_p", "infill"], "stream": False,
+           "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 250,
+           "response_fields": VIM_FIELDS, "model": ""}
+# llama.vscode (ggml-org/llama.vscode, src/llama-server.ts createRequestPayload): the warm-up
+# (noPredict) and a completion with its defaults (n_cmpl 3, n_indent omitted when 0).
+CODE_EXTRA = [{"text": "def helper(x):\n    return x * 2\n", "time": 1738312345123, "filename": "/home/me/p/util.py"}]
+CODE_WARMUP = {"id_slot": 0, "input_prefix": "", "input_suffix": "", "input_extra": CODE_EXTRA, "prompt": "",
+               "n_predict": 0, "samplers": [], "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 1}
+CODE_FIM = {"id_slot": 0, "input_prefix": VIM_FIM["input_prefix"], "input_suffix": VIM_FIM["input_suffix"],
+            "input_extra": CODE_EXTRA, "prompt": "    ", "n_predict": 128, "n_cmpl": 3, "top_k": 40,
+            "top_p": 0.99, "stream": False, "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True,
+            "n_indent": 4, "t_max_prompt_ms": 500, "t_max_predict_ms": 500}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serving(model, *args, threads: int = 1, ctx: int = 1024):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "localspec.cli", "serve", "-m", str(model), "--port", str(port),
+                             "--threads", str(threads), "--ctx", str(ctx), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def smol(small_path):
+    """SmolLM2 on one thread (batches bit-identical to single tokens: speculative output is
+    plain output byte for byte), with its default drafter, auto."""
+    with serving(small_path) as (url, proc):
+        yield url, proc
+
+
+@pytest.fixture(scope="module")
+def coder(qwen_path):
+    """Qwen2.5-Coder-0.5B, which has FIM tokens, as the editors' server."""
+    with serving(qwen_path, "--drafter", "lookup", threads=2, ctx=4096) as (url, proc):
+        yield url, proc
+
+
+@pytest.fixture(scope="module")
+def reference(small_path):
+    engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=1, drafter=DrafterSpec("none")))
+    yield engine
+    engine.close()
+
+
+def plain(engine: Engine, **request) -> str:
+    engine.ctx.clear()
+    *_, done = engine.generate(Request(sampling=GREEDY, **request))
+    return done.text
+
+
+CHAT = [{"role": "user", "content": "Write a haiku about the sea."}]
+
+
+def test_openai_client_gets_the_engines_greedy_text(smol, reference):
+    from openai import OpenAI
+    client = OpenAI(base_url=smol[0] + "/v1", api_key="unused")
+    expected = plain(reference, messages=CHAT, max_tokens=48)
+    r = client.chat.completions.create(model="any", messages=CHAT, max_tokens=48, temperature=0)
+    assert r.choices[0].message.content == expected and r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens > 0 and r.usage.prompt_tokens > 0
+    chunks = list(client.chat.completions.create(model="any", messages=CHAT, max_tokens=48, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens and chunks[-1].choices == []
+    assert chunks[-2].choices[0].finish_reason == r.choices[0].finish_reason
+    text = "The capital of France is"
+    c = client.completions.create(model="any", prompt=text, max_tokens=24, temperature=0)
+    assert c.choices[0].text == plain(reference, prompt=text, max_tokens=24)
+    streamed = "".join(x.choices[0].text for x in client.completions.create(
+        model="any", prompt=text, max_tokens=24, temperature=0, stream=True))
+    assert streamed == c.choices[0].text
+    assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct"]
+
+
+def test_stream_chunks_are_one_line_of_compact_json(smol):
+    with httpx.stream("POST", smol[0] + "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 8,
+                                                                      "temperature": 0, "stream": True}) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]" and all(line.startswith("data: {") for line in lines[:-1])
+    first = json.loads(lines[0][6:])
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert '"timings":' in lines[-2] and ": " not in lines[1].split('"content":')[0]
+
+
+def test_llama_vim_bodies_and_what_it_parses(coder):
+    url = coder[0]
+    headers = {"Authorization": "Bearer "}  # llama.vim always sends it, with its empty key
+    warm = httpx.post(url + "/infill", json=VIM_WARMUP, headers=headers, timeout=120)
+    assert warm.status_code == 200 and warm.json() == {}
+    r = httpx.post(url + "/infill", json=VIM_FIM, headers=headers, timeout=120)
+    raw = r.text
+    # s:fim_on_response: a quick check before decoding, then flat keys with slashes.
+    assert re.match(r"^\s*\{", raw) and re.search(r'"content"\s*:"', raw) and "\n" not in raw
+    body = r.json()
+    assert set(body) == set(VIM_FIELDS) and isinstance(body["content"], str)
+    assert isinstance(body["timings/prompt_n"], int) and isinstance(body["timings/predicted_ms"], float)
+    assert body["tokens_cached"] > 0 and body["timings/prompt_n"] < body["tokens_cached"]
+    # The warm-up put the extra chunk in the cache: the completion decoded less than its prompt.
+    again = httpx.post(url + "/infill", json=VIM_FIM, headers=headers, timeout=120).json()
+    assert again["content"] == body["content"] and again["timings/prompt_n"] <= 1
+
+
+def test_llama_vscode_bodies_and_what_it_parses(coder):
+    url = coder[0]
+    warm = httpx.post(url + "/infill", json=CODE_WARMUP, timeout=120)
+    assert warm.status_code == 200 and isinstance(warm.json()["generation_settings"], dict)
+    data = httpx.post(url + "/infill", json=CODE_FIM, timeout=120).json()
+    # completion.ts getComplFromContent, statusbar.ts showInfo:
+    assert "content" in data and isinstance(data["content"], str)
+    assert isinstance(data["generation_settings"]["n_ctx"], int) and data["generation_settings"]["n_ctx"] == 4096
+    t = data["timings"]
+    for key in ("prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms", "predicted_per_second"):
+        assert isinstance(t[key], (int, float)), key
+    assert isinstance(data["tokens_cached"], int) and data["stop_type"] in ("eos", "limit", "word")
+    # n_indent 4: the completion ends before a line that leaves the function's block.
+    lines = data["content"].split("\n")
+    assert all(not line.strip() or line.startswith("    ") for line in lines[1:]), data["content"]
+    assert httpx.get(url + "/props").json()["default_generation_settings"]["n_ctx"] == 4096
+    assert httpx.get(url + "/health").json() == {"status": "ok"}
+    n = len(httpx.post(url + "/tokenize", json={"content": "def f():", "add_special": False,
+                                                "parse_special": True}).json()["tokens"])
+    assert n > 0
+
+
+def test_infill_on_a_model_without_fim_tokens_is_501(smol):
+    r = httpx.post(smol[0] + "/infill", json=VIM_FIM, timeout=60)
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+    assert "Infill is not supported by this model" in r.json()["error"]["message"]
+
+
+def test_a_client_that_leaves_mid_stream_then_the_same_request(smol, reference):
+    body = {"prompt": "Once upon a time,", "n_predict": 200, "temperature": 0, "stream": True}
+    expected = plain(reference, prompt=body["prompt"], max_tokens=200)
+    with httpx.stream("POST", smol[0] + "/completion", json=body, timeout=120) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i == 6:
+                break
+    r = httpx.post(smol[0] + "/completion", json=body | {"stream": False}, timeout=120)
+    assert r.json()["content"] == expected
+
+
+def test_eight_clients_at_once(smol, reference):
+    prompts = [f"Write one sentence about the number {i}." for i in range(8)]
+    expected = {p: plain(reference, messages=[{"role": "user", "content": p}], max_tokens=24) for p in prompts}
+    got: dict[str, str] = {}
+
+    def ask(p: str) -> None:
+        r = httpx.post(smol[0] + "/v1/chat/completions", timeout=300,
+                       json={"messages": [{"role": "user", "content": p}], "max_tokens": 24, "temperature": 0})
+        got[p] = r.json()["choices"][0]["message"]["content"]
+    threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == expected
+
+
+BAD = [  # (method, path, body or raw bytes, status, words in the message)
+    ("POST", "/completion", b"{not json", 400, ""),
+    ("POST", "/completion", b'{"prompt": "\xff\xfe"}', 400, ""),
+    ("POST", "/completion", {"prompt": "hi", "n_predict": "many"}, 400, "n_predict"),
+    ("POST", "/completion", {"prompt": "hi", "n_predict": -5}, 400, "n_predict"),
+    ("POST", "/completion", {"prompt": "hi", "n_predict": 10**12}, 400, "n_predict"),
+    ("POST", "/completion", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
+    ("POST", "/completion", {"prompt": "hi", "top_p": 7}, 400, "top_p"),
+    ("POST", "/completion", {"prompt": [1, -3]}, 400, "prompt"),
+    ("POST", "/completion", {"prompt": [10**9]}, 400, "outside the vocabulary"),
+    ("POST", "/completion", {"prompt": ""}, 400, "empty"),
+    ("POST", "/completion", {"prompt": "word " * 3000}, 400, "exceeds the available context size"),
+    ("POST", "/completion", {"prompt": "hi", "stop": 5}, 400, "stop"),
+    ("POST", "/infill", {"input_suffix": ""}, 400, "input_prefix"),
+    ("POST", "/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
+    ("POST", "/v1/chat/completions", {"messages": CHAT, "n": 2}, 400, "n"),
+    ("POST", "/v1/completions", {"prompt": "x", "echo": True}, 400, "echo"),
+    ("POST", "/detokenize", {"tokens": [10**9]}, 400, "outside the vocabulary"),
+    ("POST", "/completion", b"[" * 100000 + b"]" * 100000, 400, ""),
+    ("GET", "/nowhere", None, 404, "File Not Found"),
+    ("GET", "/completion", None, 405, ""),
+    ("POST", "/completion", b'{"prompt": "' + b"a" * (17 << 20) + b'"}', 413, "larger than"),
+]
+
+
+@pytest.mark.parametrize("method,path,body,status,words", BAD, ids=[f"{b[1]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_requests_are_4xx_with_a_clear_message(smol, method, path, body, status, words):
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body} if body is not None else {}
+    r = httpx.request(method, smol[0] + path, timeout=60, headers={"Content-Type": "application/json"}, **kw)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == status and words in err["message"] and err["type"]
+
+
+def test_the_server_still_answers_after_bad_requests(smol):
+    r = httpx.post(smol[0] + "/completion", json={"prompt": "Hello", "n_predict": 4}, timeout=60)
+    assert r.status_code == 200 and r.json()["tokens_predicted"] == 4
+
+
+def test_api_key_and_hosts(small_path):
+    r = subprocess.run([sys.executable, "-m", "localspec.cli", "serve", "-m", str(small_path), "--host", "0.0.0.0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "--api-key" in r.stderr.strip().splitlines()[-1]
+    with serving(small_path, "--api-key", "s3cret") as (url, _):
+        assert httpx.get(url + "/health").status_code == 200  # public
+        assert httpx.get(url + "/v1/models").status_code == 200
+        r = httpx.post(url + "/completion", json={"prompt": "hi", "n_predict": 2})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert httpx.post(url + "/completion", json={"prompt": "hi", "n_predict": 2},
+                          headers={"Authorization": "Bearer "}).status_code == 401
+        assert httpx.post(url + "/completion", json={"prompt": "hi", "n_predict": 2},
+                          headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_fuzzing_from_the_schema_finds_no_5xx(smol):
+    """Schemathesis generates bodies from the server's OpenAPI schema (bounded in time); every
+    answer is below 500 and the server keeps answering."""
+    import schemathesis
+    from hypothesis import HealthCheck, settings
+
+    schema = schemathesis.openapi.from_url(smol[0] + "/openapi.json")
+    failures = []
+    deadline = time.monotonic() + 180
+    for op in schema.get_all_operations():
+        operation = op.ok()
+
+        @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+        @schemathesis.hypothesis.given(case=operation.as_strategy())  # noqa
+        def check(case):
+            if time.monotonic() > deadline:
+                return
+            if isinstance(case.body, dict) and "n_predict" in case.body:
+                case.body["n_predict"] = min(case.body["n_predict"] or 0, 8)
+            response = case.call(timeout=60)
+            if response.status_code >= 500:
+                failures.append((case.method, case.path, case.body, response.status_code, response.text[:200]))
+        check()
+    assert not failures, failures[:3]
+    assert httpx.get(smol[0] + "/health").status_code == 200
+
+
+def test_memory_stays_flat_over_a_thousand_requests(smol):
+    url, proc = smol
+    rng = random.Random(1)
+
+    def rss() -> int:
+        with open(f"/proc/{proc.pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    sizes = []
+    with httpx.Client(base_url=url, timeout=120) as client:
+        for i in range(1000):
+            kind = rng.choice(["completion", "chat", "tokenize"])
+            common = {"temperature": rng.choice([0, 0.7, 1.2]), "seed": rng.randrange(1 << 30),
+                      "top_k": rng.choice([0, 20, 40])}
+            if kind == "completion":
+                r = client.post("/completion", json={"prompt": f"Item {i}:", "n_predict": rng.randrange(1, 6), **common})
+            elif kind == "chat":
+                r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": f"Say {i}"}],
+                                                              "max_tokens": rng.randrange(1, 6), **common})
+            else:
+                r = client.post("/tokenize", json={"content": "hello " * rng.randrange(1, 50)})
+            assert r.status_code == 200, r.text
+            if i in (199, 999):
+                sizes.append(rss())
+    assert sizes[1] <= sizes[0] * 1.05, sizes
