@@ -346,8 +346,8 @@ class ChatApp(App):
         seconds = now - s["start"]
         speed = (s["tokens"] - 1) / seconds if seconds > 0 else 0.0
         tau = s["tokens"] / (s["iterations"] + 1)
-        self.status(f"{speed:.1f} tok/s · τ {tau:.2f} · {s['accepted']} drafted tokens accepted · "
-                    f"{d.arm} · writing … (Esc stops)")
+        self.status(f"{speed:.1f} tok/s · τ {tau:.2f} · {s['accepted']} from drafts · {d.arm} · "
+                    "writing (Esc stops)")
 
     async def _end(self, stopped: bool, stats: dict) -> None:
         answer, view = self.answer, self.answer_view

@@ -121,12 +121,12 @@ def format_stats(s: dict, full: bool = False) -> str:
         return ""
     parts = [f"{s.get('predicted_per_second', 0):.1f} tok/s", f"τ {s.get('tau', 0):.2f}"]
     if s.get("draft_n"):
-        parts.append(f"accepted {s['draft_n_accepted'] / s['draft_n']:.0%} of {s['draft_n']} drafted")
+        parts.append(f"drafts {s['draft_n_accepted']}/{s['draft_n']} accepted")
     if s.get("arm"):
         parts.append(s["arm"])
-    parts.append(f"{s.get('cache_n', 0)} prompt tokens reused")
+    parts.append(f"{s.get('cache_n', 0)} cached")
     if full:
-        parts.append(f"{s.get('predicted_n', 0)} tokens")
+        parts.append(f"{s.get('predicted_n', 0)} tokens, prompt {s.get('prompt_n', 0) + s.get('cache_n', 0)}")
         ran = s.get("ran") or {}
         if ran:
             parts.append("ran " + ", ".join(f"{arm} ×{n}" for arm, n in sorted(ran.items(), key=lambda x: -x[1])))

@@ -95,6 +95,9 @@ class Guard:
         size = headers.get(b"content-length", b"")
         if size.isdigit() and int(size) > self.cfg.max_body:
             return await error(413, f"request body larger than {self.cfg.max_body} bytes")(scope, receive, send)
+        if scope["method"] == "POST":  # every body is JSON, whatever curl -d says (llama-server too)
+            scope = dict(scope, headers=[(k, v) for k, v in scope["headers"] if k != b"content-type"]
+                         + [(b"content-type", b"application/json")])
         seen = 0
 
         async def bounded():
