@@ -116,7 +116,7 @@ def cmd_serve(a: argparse.Namespace) -> None:
     from localspec import store
     from localspec.engine import Engine
     from localspec.serve.app import ServeConfig, create_app
-    from localspec.serve.worker import Worker
+    from localspec.worker import Worker
 
     if a.host not in LOOPBACK and not a.api_key:
         raise LocalspecError(f"serving on {a.host} lets other machines in: give --api-key KEY as well "

@@ -42,10 +42,9 @@ class Timed(ChatApp):
         self.first: float | None = None
         self.sent = 0.0
 
-    async def on_streamed(self, m):
-        if self.first is None and isinstance(m.event, Delta) and m.event.text:
+    def on_streamed(self, m):  # Textual then calls ChatApp's handler too
+        if self.first is None and any(text for text, _ in m.pieces):
             self.first = time.perf_counter()
-        await super().on_streamed(m)
 
 
 async def until(pilot, predicate, timeout=900.0):

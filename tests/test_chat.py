@@ -65,10 +65,11 @@ async def say(pilot, text: str) -> None:
 
 
 def plain(small_path, messages, max_tokens) -> str:
-    with_engine = Engine(EngineConfig(model=str(small_path), n_ctx=2048, threads=1,
-                                      drafter=DrafterSpec("none")))
-    *_, done = with_engine.generate(Request(messages=messages, sampling=GREEDY, max_tokens=max_tokens))
-    with_engine.close()
+    """The answer of a cold engine configured as the app's (auto: with Jakiro, whose target
+    features make the prompt's last rows outputs, which llama.cpp computes as a batch)."""
+    engine = Engine(config(small_path, Path("/nonexistent")).engine)
+    *_, done = engine.generate(Request(messages=messages, sampling=GREEDY, max_tokens=max_tokens))
+    engine.close()
     return done.text
 
 

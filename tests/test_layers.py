@@ -14,7 +14,7 @@ LAYERS = [  # bottom first
     ("localspec.drafters",),
     ("localspec.control",),
     ("localspec.loop",),
-    ("localspec.engine",),
+    ("localspec.engine", "localspec.worker"),
     ("localspec.cli", "localspec.bench", "localspec.serve", "tui"),
 ]
 BESIDE = ("localspec.train", "localspec.convert")

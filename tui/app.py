@@ -12,7 +12,7 @@ import re
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from textual import on, work
@@ -31,12 +31,16 @@ from localspec.errors import LocalspecError
 from localspec.llama.text import chat_tokens
 from localspec.paths import data_dir
 from localspec.sampling import SamplingConfig
+from localspec.worker import END, Job, Worker
 from tui.screens import (ConfirmScreen, KeysScreen, ModelScreen, ProgressScreen, Settings,
                          SettingsScreen, TextScreen)
 from tui.store import Conversation, Message, Store
 from tui.widgets import MessageView, PromptArea, StatusLine, format_stats
 
 SAVE_EVERY = 0.5  # seconds between saves of an answer as it streams
+# Seconds between updates of the screen while an answer streams: each update re-renders the
+# answer's last Markdown block, which costs the engine's threads CPU time on a small machine.
+UPDATE_EVERY = 0.1
 RESERVE = 512     # tokens of the context kept free for the answer
 
 
@@ -60,12 +64,38 @@ class Loaded(TextualMessage):
         self.engine, self.error = engine, error
 
 
-class Streamed(TextualMessage):
-    """An event of the answer being written, or the error that ended it."""
+@dataclass
+class Live:
+    """The answer's numbers while it is written."""
+    start: float = 0.0     # when its first token came
+    tokens: int = 0
+    from_drafts: int = 0
+    iterations: int = 0    # after the first token
+    arm: str = ""
 
-    def __init__(self, event: Delta | Done | None, error: str | None = None):
-        super().__init__()
-        self.event, self.error = event, error
+    def add(self, d: Delta) -> None:
+        if d.arm == "prompt":
+            self.start = time.monotonic()
+        self.tokens += d.n_tokens
+        self.from_drafts += d.n_drafted
+        self.iterations += d.arm != "prompt"
+        self.arm = d.arm
+
+    def line(self) -> str:
+        seconds = time.monotonic() - self.start
+        speed = (self.tokens - 1) / seconds if seconds > 0 and self.tokens > 1 else 0.0
+        return (f"{speed:.1f} tok/s · τ {self.tokens / (self.iterations + 1):.2f} · {self.from_drafts} "
+                f"from drafts · {self.arm} · writing (Esc stops)")
+
+
+@dataclass
+class Streamed:
+    """What the answer being written grew by since the last item (runs of text, and the
+    numbers so far), or how it ended (`done`), or the error that ended it."""
+    pieces: list = field(default_factory=list)
+    live: Live | None = None
+    done: Done | None = None
+    error: str | None = None
 
 
 class ChatApp(App):
@@ -100,10 +130,10 @@ class ChatApp(App):
         self.answer: Message | None = None  # the one being written
         self.answer_view: MessageView | None = None
         self.highlight = False
-        self._cancel = threading.Event()
+        self.worker: Worker | None = None  # the engine's thread
+        self._job: Job | None = None  # the answer being written
         self._saved_at = 0.0
         self._progress: ProgressScreen | None = None
-        self._live: dict = {}  # the answer being written: its numbers so far
         self._arm = ""
         self._log = None  # llama.cpp's log file
         self.loading = True  # an engine is being loaded
@@ -155,27 +185,32 @@ class ChatApp(App):
 
     # --- the engine ----------------------------------------------------------------------
 
-    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
-    def _load(self, model: str) -> None:
-        self._load_engine(model)
-
-    def _load_engine(self, model: str) -> None:
-        """(In a worker thread.) Close the engine there is, load one for `model` and measure
-        its cost curve, with progress shown."""
-        old, self.engine = self.engine, None
-        if old is not None:
-            old.close()
+    def _load(self, model: str, pull: bool = False) -> None:
+        """Close the engine there is, and make one for `model` on a new engine thread (pulling
+        the model first if asked), its progress shown; Loaded comes when it is ready."""
+        if self.worker is not None:
+            self.worker.close()
+        self.engine = None
         if self._log is None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_path, "a", buffering=1)
-        try:
-            engine = Engine(replace(self.cfg.engine, model=model),
-                            progress=lambda *a: self.post_message(Progress(*a)),
+
+        def load() -> Engine:
+            progress = lambda *a: self.post_message(Progress(*a))  # noqa: E731
+            if pull:
+                model_store.resolve(model, progress=progress)
+            engine = Engine(replace(self.cfg.engine, model=model), progress=progress,
                             log=lambda level, text: self._log.write(text))
             engine.curve  # measured on first use: here, with its progress shown
-            self.post_message(Loaded(engine))
-        except LocalspecError as e:
-            self.post_message(Loaded(None, str(e)))
+            return engine
+        self.worker = Worker(load)
+        self._wait_loaded(self.worker)
+
+    @work(exclusive=True, group="load")
+    async def _wait_loaded(self, worker: Worker) -> None:
+        job = worker.submit(lambda engine, cancel: [engine])  # runs once the engine is made
+        item = await job.out.get()
+        self.post_message(Loaded(None, str(item)) if isinstance(item, Exception) else Loaded(item))
 
     def on_progress(self, m: Progress) -> None:
         if self._progress is not None:
@@ -282,10 +317,9 @@ class ChatApp(App):
         box = self.query_one("#messages", VerticalScroll)
         await box.mount(self.answer_view)
         box.anchor()
-        self._cancel = threading.Event()
         self._saved_at = time.monotonic()
         self.status(f"{self.engine.model.path.stem}: reading the conversation …")
-        self._generate(request, self._cancel)
+        self._answer(request)
 
     def fit(self, messages: list[dict]) -> tuple[list[dict], int]:
         """The messages whose prompt fits the context with room for an answer: the oldest turns
@@ -302,52 +336,37 @@ class ChatApp(App):
                 dropped += 1
         return system + turns, dropped
 
-    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
-    def _generate(self, request: Request, cancel: threading.Event) -> None:
-        try:
-            for event in self.engine.generate(request, cancel):
-                self.post_message(Streamed(event))
-        except LocalspecError as e:
-            self.post_message(Streamed(None, str(e)))
+    @work(exclusive=True, group="answer")
+    async def _answer(self, request: Request) -> None:
+        """Run the request on the engine's thread; its items come back here, in order."""
+        job = self.worker.submit(streamed(request))
+        self._job = job
+        while (item := await job.out.get()) is not END:
+            await self.on_streamed(item if isinstance(item, Streamed) else Streamed(error=str(item)))
 
     async def on_streamed(self, m: Streamed) -> None:
         answer, view = self.answer, self.answer_view
         if answer is None:
             return
+        if m.pieces:
+            await view.append(m.pieces)
+            answer.text, answer.pieces = view.text, view.pieces
+        if m.live is not None:
+            self._arm = m.live.arm
+            if m.done is None:
+                self.status(m.live.line())
         if m.error is not None:
             self.notify(m.error, severity="error", markup=False)
             await self._end(stopped=True, stats=answer.stats)
-            return
-        event = m.event
-        if isinstance(event, Delta):
-            await view.append(event.pieces)
-            answer.text, answer.pieces = view.text, view.pieces
-            self.live(event)
-            if time.monotonic() - self._saved_at >= SAVE_EVERY:
-                self.store.save_message(answer)
-                self._saved_at = time.monotonic()
-            return
-        stats = event.stats.as_dict() | {"arm": self._arm}
-        if event.reason == "length" and event.stats.predicted_n < self.cfg.max_tokens:
-            self.notify("The context is full: the answer stops here. Start a new conversation "
-                        "(Ctrl+N), or drop old messages by deleting them.", severity="warning")
-        await self._end(stopped=event.reason in ("cancelled", "length"), stats=stats)
-
-    def live(self, d: Delta) -> None:
-        """The footer while an answer is written: speed, τ, drafts accepted, what runs now."""
-        self._arm = d.arm
-        now = time.monotonic()
-        if d.arm == "prompt":
-            self._live = {"start": now, "tokens": 0, "drafted": 0, "accepted": 0, "iterations": 0}
-        s = self._live
-        s["tokens"] += d.n_tokens
-        s["accepted"] += d.n_drafted
-        s["iterations"] += d.arm != "prompt"
-        seconds = now - s["start"]
-        speed = (s["tokens"] - 1) / seconds if seconds > 0 else 0.0
-        tau = s["tokens"] / (s["iterations"] + 1)
-        self.status(f"{speed:.1f} tok/s · τ {tau:.2f} · {s['accepted']} from drafts · {d.arm} · "
-                    "writing (Esc stops)")
+        elif m.done is not None:
+            stats = m.done.stats.as_dict() | {"arm": self._arm}
+            if m.done.reason == "length" and m.done.stats.predicted_n < self.cfg.max_tokens:
+                self.notify("The context is full: the answer stops here. Start a new conversation "
+                            "(Ctrl+N), or drop old messages by deleting them.", severity="warning")
+            await self._end(stopped=m.done.reason in ("cancelled", "length"), stats=stats)
+        elif time.monotonic() - self._saved_at >= SAVE_EVERY:
+            self.store.save_message(answer)
+            self._saved_at = time.monotonic()
 
     async def _end(self, stopped: bool, stats: dict) -> None:
         answer, view = self.answer, self.answer_view
@@ -360,8 +379,8 @@ class ChatApp(App):
     # --- commands ------------------------------------------------------------------------------
 
     def action_stop(self) -> None:
-        if self.answer is not None:
-            self._cancel.set()
+        if self.answer is not None and self._job is not None:
+            self._job.cancel.set()
 
     async def action_new_conversation(self) -> None:
         if self.answer is not None:
@@ -467,17 +486,8 @@ class ChatApp(App):
                 self.loading = True
                 self._progress = ProgressScreen()
                 self.push_screen(self._progress)
-                self._pull_and_load(name)
+                self._load(name, pull=True)
         self.push_screen(ModelScreen(model_store.listing(), Path(self.model_name).stem), done)
-
-    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
-    def _pull_and_load(self, name: str) -> None:
-        try:
-            model_store.resolve(name, progress=lambda *a: self.post_message(Progress(*a)))
-        except LocalspecError as e:
-            self.post_message(Loaded(None, str(e)))
-            return
-        self._load_engine(name)
 
     def get_system_commands(self, screen: Screen):
         yield from super().get_system_commands(screen)
@@ -498,13 +508,32 @@ class ChatApp(App):
             yield SystemCommand(title, help_text, action)
 
     def on_unmount(self) -> None:
-        if self.engine is not None:
-            self._cancel.set()
+        if self._job is not None:
+            self._job.cancel.set()
+        if self.worker is not None:
+            self.worker.close()
         if self.store is not None:
             if self.answer is not None:
                 self.answer.stopped = True
                 self.store.save_message(self.answer)
             self.store.close()
+
+
+def streamed(request: Request):
+    """The job that writes an answer, on the engine's thread: the engine's events gathered
+    into a Streamed item at most every UPDATE_EVERY seconds (the first text at once)."""
+    def run(engine: Engine, cancel: threading.Event):
+        live, pieces, posted = Live(), [], 0.0
+        for event in engine.generate(request, cancel):
+            if isinstance(event, Done):
+                yield Streamed(pieces, replace(live), done=event)
+                return
+            live.add(event)
+            pieces += event.pieces
+            if time.monotonic() - posted >= UPDATE_EVERY:
+                yield Streamed(pieces, replace(live))
+                pieces, posted = [], time.monotonic()
+    return run
 
 
 def export_markdown(c: Conversation, messages: list[Message]) -> str:

@@ -25,7 +25,7 @@ from localspec.loop import Stats
 from localspec.sampling import SamplingConfig
 from localspec.serve import schema
 from localspec.serve.infill import ExtraChunk, infill_tokens, missing_fim_tokens
-from localspec.serve.worker import END, Job, Worker
+from localspec.worker import END, Job, Worker
 
 PUBLIC = {"/health", "/v1/health", "/models", "/v1/models"}  # open even with an API key
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",

@@ -1,6 +1,12 @@
-"""The one thread that owns the engine: jobs run one at a time, in the order they arrive, and
-their events go back to the event loop that waits for them. A job whose client went away is
-cancelled (skipped if it has not started, stopped within one iteration if it has)."""
+"""The one thread that owns an engine, for surfaces that run on an event loop (the server, the
+chat app): the engine is made there and every job runs there, one at a time, in the order
+they arrive; their items go back to the event loop that waits for them. A cancelled job is
+skipped if it has not started, and told through its flag if it has.
+
+Why one thread for good: llama.cpp's CPU backend (OpenMP builds) keeps a team of threads per
+calling thread, spinning between forwards; decoding from a new thread each request starts
+another team while the old one still spins, and on two cores that costs a quarter of the speed
+(docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -29,7 +35,8 @@ class Job:
 
 class Worker:
     def __init__(self, load: Callable[[], Engine]):
-        """`load` makes the engine, in the worker's thread: until it has, `ready` is False."""
+        """`load` makes the engine, in the worker's thread: until it has, `ready` is False (and
+        `error` says why it could not)."""
         self.engine: Engine | None = None
         self.error: str | None = None
         self._jobs: queue.Queue[Job | None] = queue.Queue()
