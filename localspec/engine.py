@@ -68,6 +68,7 @@ class Request:
     stop: tuple[str, ...] = ()                # never part of the text; generation ends there
     drafter: DrafterSpec | None = None        # None: the engine's
     ignore_eog: bool = False                  # benchmarks: run on past end-of-generation
+    cache: bool = True                        # reuse what the context holds (False: start cold)
 
 
 @dataclass(frozen=True)
@@ -319,7 +320,10 @@ class Engine:
         text = TextStream(self.model, request.stop)
         generated: list[int] = []
         reason = None
-        steps = run(self._slot(tokens), controller, tokens, request.sampling, request.max_tokens, stats,
+        ctx = self._slot(tokens)
+        if not request.cache:
+            ctx.clear()
+        steps = run(ctx, controller, tokens, request.sampling, request.max_tokens, stats,
                     tie_bound, max_batch, stop_at_eog=not request.ignore_eog, progress=self._reading)
         try:
             while reason is None:

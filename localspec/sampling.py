@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from localspec import _native
+from localspec.errors import LocalspecError
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,13 @@ class SamplingConfig:
     repeat_penalty: float = 1.0  # 1: off
     repeat_last_n: int = 64
     seed: int | None = None     # None: a fresh random seed
+
+    def __post_init__(self):
+        # A penalty of 0 divides logits by zero; negative ones flip them.
+        if not self.repeat_penalty > 0:
+            raise LocalspecError(f"repeat penalty must be above 0 (1 is off), not {self.repeat_penalty}")
+        if not self.temperature >= 0:
+            raise LocalspecError(f"temperature must be 0 (greedy) or above, not {self.temperature}")
 
     def native(self) -> _native.SamplingParams:
         p = _native.SamplingParams()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -20,6 +21,7 @@ from localspec.engine import Engine
 from localspec.errors import LocalspecError
 
 END = object()  # the last item a job puts on its queue
+SWITCH_INTERVAL = 0.0005
 
 
 @dataclass
@@ -37,6 +39,10 @@ class Worker:
     def __init__(self, load: Callable[[], Engine]):
         """`load` makes the engine, in the worker's thread: until it has, `ready` is False (and
         `error` says why it could not)."""
+        # When a forward ends, the engine's thread needs the GIL back from the event loop
+        # (rendering, HTTP): Python hands it over after this many seconds (default 5 ms,
+        # a sixth of a token here).
+        sys.setswitchinterval(SWITCH_INTERVAL)
         self.engine: Engine | None = None
         self.error: str | None = None
         self._jobs: queue.Queue[Job | None] = queue.Queue()

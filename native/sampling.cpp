@@ -95,6 +95,12 @@ void sampler::transform(float * logits, int32_t n_vocab, const int32_t * history
     }
     restore(logits, saved_);
 
+    if (scratch_.empty()) {
+        // Only non-finite logits (a broken model or penalty): no distribution to draw from.
+        scratch_.emplace_back(0.0f, int32_t(std::max_element(logits, logits + n_vocab) - logits));
+        max_logit = 0.0f;
+        sum = 1.0;
+    }
     const int32_t n_cand = int32_t(scratch_.size());
     std::vector<float> & w = out.probs;
     w.resize(n_cand);

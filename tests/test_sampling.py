@@ -6,6 +6,7 @@ import pytest
 from scipy import stats
 
 from localspec import _native
+from localspec.errors import LocalspecError
 from localspec.sampling import SamplingConfig, TokenSampler
 
 
@@ -119,3 +120,18 @@ def test_history_outside_vocab_is_rejected():
     s = _native.Sampler(_native.SamplingParams())
     with pytest.raises(ValueError):
         s.distribution(np.zeros(4, np.float32), np.array([9], np.int32))
+
+
+def test_settings_that_break_the_arithmetic_are_refused_and_bad_logits_still_give_a_token():
+    with pytest.raises(LocalspecError, match="repeat penalty"):
+        SamplingConfig(repeat_penalty=0.0)
+    with pytest.raises(LocalspecError, match="temperature"):
+        SamplingConfig(temperature=-1.0)
+    # A model that emits NaN or infinity must not crash the sampler (it once read past an
+    # empty candidate list): it gives some token in the vocabulary.
+    s = TokenSampler(SamplingConfig(temperature=0.8, top_k=0, seed=1))
+    for bad in (np.nan, np.inf):
+        logits = np.full(50, bad, np.float32)
+        assert 0 <= s.sample(logits) < 50
+        ids, probs = s.distribution(logits)
+        assert len(ids) >= 1 and np.isclose(probs.sum(), 1.0)

@@ -240,6 +240,9 @@ BAD = [  # (method, path, body or raw bytes, status, words in the message)
     ("POST", "/completion", {"prompt": "hi", "n_predict": 10**12}, 400, "n_predict"),
     ("POST", "/completion", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
     ("POST", "/completion", {"prompt": "hi", "top_p": 7}, 400, "top_p"),
+    # found by the fuzzer: a penalty of 0 divided logits by zero and took the server down
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "user"}], "repeat_penalty": 0.0, "top_k": 0},
+     400, "repeat_penalty"),
     ("POST", "/completion", {"prompt": [1, -3]}, 400, "prompt"),
     ("POST", "/completion", {"prompt": [10**9]}, 400, "outside the vocabulary"),
     ("POST", "/completion", {"prompt": ""}, 400, "empty"),

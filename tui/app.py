@@ -220,6 +220,7 @@ class ChatApp(App):
 
     def on_loaded(self, m: Loaded) -> None:
         self.loading = False
+        self.sub_title = m.engine.model.path.stem if m.engine else ""
         if self._progress is not None:
             self._progress.dismiss()
             self._progress = None
@@ -237,9 +238,12 @@ class ChatApp(App):
         if self.conversation is not None:
             last = next((x for x in reversed(self.store.messages(self.conversation.id))
                          if x.role == "assistant"), None)
-        model = self.engine.model.path.stem if self.engine else "no model loaded"
-        self.status(f"{model} · " + (format_stats(last.stats) if last and last.stats
-                                     else "Ctrl+P: commands · F1: keys"))
+        if self.engine is None:
+            self.status("no model loaded · F7 chooses one")
+        elif last and last.stats:
+            self.status(format_stats(last.stats))
+        else:
+            self.status(f"{self.engine.model.path.stem} · Ctrl+P: commands · F1: keys")
 
     # --- conversations -------------------------------------------------------------------
 

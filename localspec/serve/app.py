@@ -212,8 +212,6 @@ def create_app(worker: Worker, cfg: ServeConfig = ServeConfig()) -> FastAPI:
     async def native(e: Engine, tokens: list[int], body: schema.Options, http: HTTPRequest,
                      default_temperature: float):
         check_prompt(e, tokens)
-        if not body.cache_prompt:
-            e.ctx.clear()
         request = make_request(e, tokens, body, body.n_predict, default_temperature)
         limits = Limits(body.n_indent, body.t_max_predict_ms)
         job = worker.submit(run_request(request, limits, warm=body.n_predict == 0))
@@ -354,7 +352,8 @@ def make_request(e: Engine, tokens: list[int], o: schema.Options, n_predict: int
     room = e.ctx.n_ctx - len(tokens) + 1
     limit = room if n_predict in (None, -1) else min(max(n_predict, 1), room)
     stops = (o.stop,) if isinstance(o.stop, str) else tuple(o.stop or ())
-    return Request(prompt=tokens, sampling=sampling, max_tokens=limit, stop=tuple(s for s in stops if s))
+    return Request(prompt=tokens, sampling=sampling, max_tokens=limit, stop=tuple(s for s in stops if s),
+                   cache=o.cache_prompt)
 
 
 class Limits:

@@ -22,7 +22,7 @@ class Options(BaseModel):
     top_k: int | None = Field(None, ge=0, le=100_000)
     top_p: float | None = Field(None, ge=0, le=1)
     min_p: float | None = Field(None, ge=0, le=1)
-    repeat_penalty: float | None = Field(None, ge=0, le=10)
+    repeat_penalty: float | None = Field(None, gt=0, le=10)
     seed: int | None = Field(None, ge=-1, le=2**63 - 1)  # -1 or none: a random seed
     stop: Text | list[Text] | None = Field(None, max_length=16)
     n_predict: int | None = Field(None, ge=-1, le=MAX_PREDICT)  # -1: until the end or the context's
