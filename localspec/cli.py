@@ -340,7 +340,7 @@ def parser() -> argparse.ArgumentParser:
     add_sampling_args(b)
     b.add_argument("--workload", default="humaneval",
                    help="humaneval | code-edit | sharegpt (evaluation tail) | sharegpt-train | mix | "
-                   "FILE.json ([{id, kind, prompt}])")
+                   "fim (an editor's fill-in-the-middle, in installed packages' code) | FILE.json ([{id, kind, prompt}])")
     b.add_argument("--limit", type=int, default=10, help="number of prompts")
     b.add_argument("--drafter", action="append", type=drafter_spec,
                    help="repeatable: " + DRAFTER_HELP + " (default: auto)")

@@ -48,10 +48,15 @@ class Timed(ChatApp):
         await super()._end(stopped, stats)
         self.ended.set()
 
-    def on_streamed(self, m):
-        # No super(): Textual calls the handler of every class in the MRO, ChatApp's next.
+    async def take(self, m):
         if self.first is None and any(text for text, _ in m.pieces):
             self.first = time.perf_counter()
+        await super().take(m)
+
+
+def say(*args) -> None:
+    """print() where a running Textual app, which captures sys.stdout, cannot swallow it."""
+    print(*args, file=sys.__stdout__, flush=True)
 
 
 async def until(pilot, predicate, timeout=900.0):
@@ -100,26 +105,25 @@ async def main() -> None:
             app.engine.ctx.clear()  # cold, as the command starts
             _, app_wall, stats = await ask(pilot, PROMPT)
             rows.append((cli, stats["predicted_per_second"], app_wall))
-            print(f"round {r + 1}: localspec generate {cli:.2f} tok/s, app {stats['predicted_per_second']:.2f} "
-                  f"({app_wall:.2f} by the clock, first text to last on screen)", flush=True)
+            say(f"round {r + 1}: localspec generate {cli:.2f} tok/s, app {stats['predicted_per_second']:.2f} "
+                f"({app_wall:.2f} by the clock, first text to last on screen)")
         ratio = statistics.median(app / cli for cli, app, _ in rows)
         ratio_wall = statistics.median(app / cli for cli, _, app in rows)
-        print(f"\napp / localspec generate, median of {a.rounds} interleaved rounds: {ratio:.3f} "
-              f"(the app's own count), {ratio_wall:.3f} (by the clock, on screen)")
+        say(f"\napp / localspec generate, median of {a.rounds} interleaved rounds: {ratio:.3f} "
+            f"(the app's own count), {ratio_wall:.3f} (by the clock, on screen)")
 
         await pilot.press("ctrl+n")
-        print("\n| turn | prompt tokens | from the cache | time to first text |\n|---:|---:|---:|---:|")
+        say("\n| turn | prompt tokens | from the cache | time to first text |\n|---:|---:|---:|---:|")
         for i, turn in enumerate(TURNS, 1):
             ttft, _, stats = await ask(pilot, turn)
-            print(f"| {i} | {stats['prompt_n'] + stats['cache_n']} | {stats['cache_n']} | {ttft * 1e3:.0f} ms |",
-                  flush=True)
+            say(f"| {i} | {stats['prompt_n'] + stats['cache_n']} | {stats['cache_n']} | {ttft * 1e3:.0f} ms |")
 
         before = rss_mb()
         await pilot.press("ctrl+n")
         for i in range(a.turns):
             await ask(pilot, f"Turn {i}: say one short sentence about the number {i}.")
-        print(f"\nmemory: {before:.0f} MB before, {rss_mb():.0f} MB after {a.turns} more turns "
-              f"(one conversation; the context keeps its newest turns)")
+        say(f"\nmemory: {before:.0f} MB before, {rss_mb():.0f} MB after {a.turns} more turns "
+            f"(one conversation; the context keeps its newest turns)")
 
 
 ap = argparse.ArgumentParser()

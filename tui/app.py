@@ -346,9 +346,10 @@ class ChatApp(App):
         job = self.worker.submit(streamed(request))
         self._job = job
         while (item := await job.out.get()) is not END:
-            await self.on_streamed(item if isinstance(item, Streamed) else Streamed(error=str(item)))
+            await self.take(item if isinstance(item, Streamed) else Streamed(error=str(item)))
 
-    async def on_streamed(self, m: Streamed) -> None:
+    async def take(self, m: Streamed) -> None:
+        """Show one item of the answer being written; save it now and then; end it."""
         answer, view = self.answer, self.answer_view
         if answer is None:
             return
