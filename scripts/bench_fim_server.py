@@ -10,42 +10,18 @@ each server's completions are localspec plain decoding's.
 
 import argparse
 import json
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+from measure import start_server
 
 from localspec import store
 from localspec.bench.workloads import fim
 
 TOOLS = Path(__file__).resolve().parents[1] / "build" / "llama-tools"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(name: str, cmd: list[str]) -> tuple[str, subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([*cmd, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{name} exited ({proc.returncode}): {' '.join(cmd)}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return name, proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"{name} did not come up")
 
 
 def session_requests(p, n_predict: int) -> tuple[dict, dict, callable]:
@@ -87,7 +63,7 @@ def main() -> None:
                ("llama-server plain", theirs),
                ("llama-server ngram-simple", theirs + ["--spec-type", "ngram-simple"]),
                ("llama-server ngram-mod", theirs + ["--spec-type", "ngram-mod"])]
-    servers = [start(name, cmd) for name, cmd in configs]
+    servers = [(name, *start_server(name, cmd)) for name, cmd in configs]
     results = {name: {"completion": [], "follow-up": [], "texts": []} for name, _, _ in servers}
     try:
         for i, p in enumerate(fim(a.sessions)):

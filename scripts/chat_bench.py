@@ -10,22 +10,20 @@ driven by Textual's pilot, a real engine):
     .venv/bin/python scripts/chat_bench.py -m qwen2.5-coder-1.5b-instruct --threads 2
 """
 
-import argparse
 import asyncio
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from measure import PROMPT, generate_tokens_per_second, options
+
 from localspec.drafters.spec import DrafterSpec
 from localspec.engine import EngineConfig
 from tui.app import ChatApp, ChatConfig
 
-PROMPT = "Write a Python function that parses a date in the format YYYY-MM-DD and explains each step."
 TURNS = ["Write a Python function that reverses a string.", "Now make it handle None.",
          "Add type hints.", "Add a docstring.", "Write a test for it.", "Explain the test."]
 
@@ -83,14 +81,6 @@ async def ask(pilot, text: str) -> tuple[float, float, dict]:
     return app.first - app.sent, wall, stats
 
 
-def generate_cli(prompt: str) -> float:
-    """tokens/s of `localspec generate --chat` for the same prompt and settings (the app idle)."""
-    r = subprocess.run([sys.executable, "-m", "localspec.cli", "generate", "-m", a.model, "--threads",
-                        str(a.threads), "--drafter", a.drafter, "--chat", "--max-tokens", str(a.max_tokens),
-                        prompt], capture_output=True, text=True, check=True)
-    return float(re.search(r"([\d.]+) tokens/s", r.stderr)[1])
-
-
 async def main() -> None:
     home = Path(tempfile.mkdtemp())
     cfg = ChatConfig(EngineConfig(model=a.model, threads=a.threads, drafter=DrafterSpec.parse(a.drafter)),
@@ -100,7 +90,7 @@ async def main() -> None:
         await until(pilot, lambda: not app.loading)
         rows = []
         for r in range(a.rounds):
-            cli = generate_cli(PROMPT)
+            cli = generate_tokens_per_second(a)  # the app idle meanwhile
             await pilot.press("ctrl+n")
             app.engine.ctx.clear()  # cold, as the command starts
             _, app_wall, stats = await ask(pilot, PROMPT)
@@ -126,12 +116,7 @@ async def main() -> None:
             f"(one conversation; the context keeps its newest turns)")
 
 
-ap = argparse.ArgumentParser()
-ap.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct")
-ap.add_argument("--threads", type=int, default=2)
-ap.add_argument("--drafter", default="auto")
-ap.add_argument("--rounds", type=int, default=5)
-ap.add_argument("--max-tokens", type=int, default=128)
+ap = options(__doc__)
 ap.add_argument("--turns", type=int, default=50)
 a = ap.parse_args()
 asyncio.run(main())

@@ -5,52 +5,23 @@ and settings, interleaved: tokens/s by the server's own timings and by the clien
     .venv/bin/python scripts/serve_bench.py -m qwen2.5-coder-1.5b-instruct --threads 2 --rounds 5
 """
 
-import argparse
 import json
-import re
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
 import httpx
-
-PROMPT = "Write a Python function that parses a date in the format YYYY-MM-DD and explains each step."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from measure import PROMPT, generate_tokens_per_second, options, start_server
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--drafter", default="auto")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    a = ap.parse_args()
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "localspec.cli", "serve", "-m", a.model, "--threads",
-                               str(a.threads), "--drafter", a.drafter, "--port", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.5)
+    a = options(__doc__).parse_args()
+    server, url = start_server("localspec serve", [sys.executable, "-m", "localspec.cli", "serve", "-m", a.model,
+                                                   "--threads", str(a.threads), "--drafter", a.drafter])
     rows = []
     try:
         for r in range(a.rounds):
-            out = subprocess.run([sys.executable, "-m", "localspec.cli", "generate", "-m", a.model, "--threads",
-                                  str(a.threads), "--drafter", a.drafter, "--chat", "--max-tokens",
-                                  str(a.max_tokens), PROMPT], capture_output=True, text=True, check=True)
-            cli = float(re.search(r"([\d.]+) tokens/s", out.stderr)[1])
+            cli = generate_tokens_per_second(a)
             body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": a.max_tokens,
                     "temperature": 0, "stream": True, "cache_prompt": False}
             first = last = None
