@@ -20,6 +20,7 @@ from measure import start_server
 
 from localspec import store
 from localspec.bench.workloads import fim
+from localspec.serve.app import ServeConfig
 
 TOOLS = Path(__file__).resolve().parents[1] / "build" / "llama-tools"
 
@@ -57,7 +58,10 @@ def main() -> None:
     ours = [sys.executable, "-m", "localspec.cli", "serve", "-m", model, "--threads", str(a.threads),
             "--ctx", str(a.ctx)]
     theirs = [str(TOOLS / "llama-server"), "-m", model, "-t", str(a.threads), "-c", str(a.ctx), "-np", "1",
-              "-fa", "on", "--no-webui", "--host", "127.0.0.1"]
+              "-fa", "on", "--no-webui", "--host", "127.0.0.1",
+              # its infill prompt keeps room for 2 × -n tokens of answer, as localspec serve's
+              # does for 128 (ServeConfig.infill_predict): the same tokens for both
+              "-n", str(ServeConfig.infill_predict)]
     configs = [("localspec plain", ours + ["--drafter", "none"]), ("localspec auto", ours),
                ("localspec lookup", ours + ["--drafter", "lookup"]),
                ("llama-server plain", theirs),
