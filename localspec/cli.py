@@ -228,6 +228,30 @@ def cmd_convert(a: argparse.Namespace) -> None:
     print(inspect_gguf(out))
 
 
+def cmd_index(a: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from localspec import store
+    from localspec.drafters.suffix import SuffixStore, index_files, store_dir, text_files
+    from localspec.llama import Model
+    from localspec.progress import progress_bar
+
+    files = text_files([Path(p) for p in a.paths])
+    with Model(store.resolve(a.model), vocab_only=True) as model:
+        directory = Path(a.store) if a.store else store_dir(model.tokenizer_hash)
+        suffix = SuffixStore(directory, model.tokenizer_hash)
+        try:
+            with progress_bar("indexing", len(files), unit="files") as advance:
+                n_files, n_tokens = index_files(
+                    suffix, lambda text: model.tokenize(text, add_special=False, parse_special=False),
+                    files, advance)
+        finally:
+            suffix.close()
+    print(f"indexed {n_files} files ({n_tokens:,} tokens) into {directory}: "
+          f"{suffix.native.n_docs:,} documents, {suffix.native.n_tokens:,} tokens, "
+          f"{suffix.native.bytes / 1e6:.1f} MB in memory")
+
+
 def cmd_inspect(a: argparse.Namespace) -> None:
     from localspec.convert import inspect_gguf
     print(inspect_gguf(a.file))
@@ -390,6 +414,16 @@ def parser() -> argparse.ArgumentParser:
     cv.add_argument("out")
     cv.add_argument("--type", choices=["f32", "f16", "q8_0"], default="q8_0")
     cv.set_defaults(func=cmd_convert)
+
+    ix = sub.add_parser("index", help="add files (a repository, say) to the suffix store the suffix "
+                        "drafter and auto draft from")
+    ix.add_argument("paths", nargs="+", help="files or directories (hidden and build directories, "
+                    "binary files and files over 1 MiB are skipped)")
+    from localspec.store import DEFAULT_MODEL
+    ix.add_argument("-m", "--model", default=DEFAULT_MODEL,
+                    help=f"the target whose tokenizer the store is for (default: {DEFAULT_MODEL})")
+    ix.add_argument("--store", help="the store's directory (default: the tokenizer's in the cache directory)")
+    ix.set_defaults(func=cmd_index)
 
     ins = sub.add_parser("inspect", help="print a GGUF's metadata and tensors")
     ins.add_argument("file")

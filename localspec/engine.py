@@ -21,6 +21,7 @@ from localspec.drafters.draft_model import DraftModelDrafter, check_same_vocabul
 from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime
 from localspec.drafters.lookup import LookupDrafter
 from localspec.drafters.spec import AUTO, DrafterSpec
+from localspec.drafters.suffix import SuffixDrafter, SuffixStore, store_dir
 from localspec.errors import LocalspecError
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig, common_prefix
@@ -57,6 +58,9 @@ class EngineConfig:
     # Contexts (KV caches) kept for prompts that share nothing: a server's editor completions
     # and chats each keep theirs instead of evicting each other. Each costs its KV cache.
     slots: int = 1
+    # The suffix store, which learns from every answer: "" the target tokenizer's in the cache
+    # directory, a directory, ":memory:" (kept by nothing: benchmarks), or "off".
+    store: str = ""
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,7 @@ class Engine:
         self._draft_ctxs: dict[Path, Context] = {}
         self._runtimes: dict[tuple, JakiroRuntime] = {}
         self._head_cache: dict[tuple, AcceptanceHead] = {}
+        self._stores: dict[str, SuffixStore] = {}
         self._lock = threading.Lock()
         self._owner: int | None = None
         if cfg.strict:
@@ -154,6 +159,8 @@ class Engine:
         if key not in self._drafters:
             if spec.kind == "lookup":
                 d: Drafter = LookupDrafter()
+            elif spec.kind == "suffix":
+                d = SuffixDrafter(self.suffix_store(spec.model or self.cfg.store))
             elif spec.kind in ("draft", "draft-tree"):
                 ctx = self._draft_context(store.resolve(spec.model or DEFAULT_DRAFT_MODEL))
                 d = DraftModelDrafter(ctx, self.model, width=4 if spec.kind == "draft-tree" else 1,
@@ -166,6 +173,26 @@ class Engine:
                 raise LocalspecError(f"'{spec.label}' is not a drafter")
             self._drafters[key] = d
         return self._drafters[key]
+
+    def suffix_store(self, where: str | None = None) -> SuffixStore:
+        """The suffix store at `where` (as EngineConfig.store says), opened on first use."""
+        where = self.cfg.store if where is None else where
+        if where == "off":
+            raise LocalspecError("the suffix store is off for this engine")
+        if where not in self._stores:
+            directory = None if where == ":memory:" else Path(where) if where else store_dir(
+                self.model.tokenizer_hash)
+            self._stores[where] = SuffixStore(directory, self.model.tokenizer_hash)
+        return self._stores[where]
+
+    def _learn(self, tokens: list[int]) -> None:
+        """Every answer goes into the suffix store (the default one unless a drafter named
+        another): what the user's work repeats, later requests draft from."""
+        if self.cfg.store == "off" or not tokens:
+            return
+        stores = list(self._stores.values()) or [self.suffix_store()]
+        for s in stores:
+            s.add(tokens)
 
     def _draft_context(self, path: Path) -> Context:
         if path not in self._draft_ctxs:
@@ -227,10 +254,11 @@ class Engine:
         return self._controllers[spec]
 
     def available(self) -> list[DrafterSpec]:
-        """What auto chooses among: prompt lookup; the default draft model when it is pulled,
+        """What auto chooses among: the suffix drafter (prompt lookup plus the store; lookup
+        alone when the store is off); the default draft model when it is pulled,
         is not the target and shares its tokenizer; the Jakiro drafter that ships for the
         target, if one does (and the context returns hidden states)."""
-        found = [DrafterSpec("lookup")]
+        found = [DrafterSpec("lookup" if self.cfg.store == "off" else "suffix")]
         try:
             path = store.resolve(DEFAULT_DRAFT_MODEL, pull_missing=False)
             if path != self.model.path:
@@ -352,11 +380,14 @@ class Engine:
             rest = text.take(final=True)
             if rest:
                 yield Delta(rest, 0, 0, controller.arm)
+        self._learn([t for t in generated if not self.model.is_eog(t)])
         yield Done(reason, text.text, generated, stats, text.matched)
 
     def close(self) -> None:
         for d in self._drafters.values():
             d.close()
+        for s in self._stores.values():
+            s.close()
         for ctx in self._draft_ctxs.values():
             ctx.close()
             ctx.model.close()

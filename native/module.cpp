@@ -14,6 +14,7 @@
 #include "jakiro_tree.h"
 #include "ngram.h"
 #include "sampling.h"
+#include "suffix.h"
 #include "verify.h"
 
 namespace nb = nanobind;
@@ -228,6 +229,37 @@ NB_MODULE(_native, m) {
             },
             "max_nodes"_a, "max_depth"_a, "max_occurrences"_a = 32,
             "(tokens, parents, counts, n_match, n_occurrences) of a draft tree.");
+
+    nb::class_<ls::suffix_store>(m, "SuffixStore")
+        .def(nb::init<>())
+        .def_ro_static("depth", &ls::suffix_store::depth)
+        .def_prop_ro("n_tokens", &ls::suffix_store::n_tokens)
+        .def_prop_ro("n_docs", &ls::suffix_store::n_docs)
+        .def_prop_ro("bytes", &ls::suffix_store::bytes)
+        .def("add", [](ls::suffix_store & s, vec_in<const int32_t> t) { s.add(t.data(), int32_t(t.shape(0))); })
+        .def("keep_newest", &ls::suffix_store::keep_newest, "n_tokens"_a)
+        .def("keep_first", &ls::suffix_store::keep_first, "n_docs"_a)
+        .def(
+            "draft",
+            [](const ls::suffix_store & s, vec_in<const int32_t> context, int32_t max_match, int32_t max_nodes,
+               int32_t max_depth, float alpha) {
+                const ls::ngram_draft d = s.draft(context.data(), int32_t(context.shape(0)), max_match,
+                                                  max_nodes, max_depth, alpha);
+                return nb::make_tuple(to_numpy(d.tokens), to_numpy(d.parents), to_numpy(d.counts),
+                                      d.n_match, d.n_occurrences);
+            },
+            "context"_a, "max_match"_a, "max_nodes"_a, "max_depth"_a, "alpha"_a,
+            "(tokens, parents, counts, n_match, n_occurrences) of a draft tree.")
+        .def("corpus", [](const ls::suffix_store & s) { return to_numpy(s.corpus()); })
+        .def("sorted", [](ls::suffix_store & s) { return to_numpy(s.sorted()); })
+        .def("load", [](ls::suffix_store & s, vec_in<const int32_t> corpus, vec_in<const uint32_t> sorted) {
+            try {
+                s.load(std::vector<int32_t>(corpus.data(), corpus.data() + corpus.shape(0)),
+                       std::vector<uint32_t>(sorted.data(), sorted.data() + sorted.shape(0)));
+            } catch (const std::invalid_argument & e) {
+                throw nb::value_error(e.what());
+            }
+        });
 
     nb::class_<ls::jakiro_model>(m, "JakiroModel")
         .def(nb::init<const std::string &, const std::string &, int32_t, int32_t, bool>(), "drafter"_a,

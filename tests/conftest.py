@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 
 from localspec import store
@@ -10,6 +13,10 @@ from localspec.llama.context import ContextConfig
 
 SMALL = "smollm2-135m-instruct"
 QWEN_SMALL = "qwen2.5-coder-0.5b-instruct"
+
+# Every engine learns its answers into a suffix store: the tests' go to a fresh place (set
+# here, before any engine exists, so subprocesses inherit it too), not into the user's.
+os.environ["LOCALSPEC_SUFFIX_DIR"] = tempfile.mkdtemp(prefix="localspec-suffix-")
 
 
 @pytest.fixture(scope="session")

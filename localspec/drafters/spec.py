@@ -9,10 +9,12 @@ from pathlib import Path
 
 from localspec.errors import LocalspecError
 
-KINDS = ("auto", "none", "lookup", "draft", "draft-tree", "jakiro")
+KINDS = ("auto", "none", "lookup", "suffix", "draft", "draft-tree", "jakiro")
 
 HELP = ("auto[:D+D...] (the default: Cascade picks the drafter and K per request and phase, or "
         "plain decoding, among every drafter available or those listed) | none | lookup | "
+        "suffix[:DIR] (lookup plus a store of earlier answers and indexed files; DIR: the store, "
+        "default: one per tokenizer in the cache directory) | "
         "draft[:MODEL][,head=FILE|on|off] | draft-tree[:MODEL][,head=...] | "
         "jakiro[:FILE][,width=N][,branch=N][,cepd=on|off][,vocab=draft|full][,head=FILE|on|off]; "
         "any but auto and none may end in @K, a static K. MODEL: a registry name or a .gguf "
@@ -24,7 +26,7 @@ HELP = ("auto[:D+D...] (the default: Cascade picks the drafter and K per request
 @dataclass(frozen=True)
 class DrafterSpec:
     kind: str                 # one of KINDS
-    model: str = ""           # draft: MODEL, jakiro: FILE; "" for the default
+    model: str = ""           # draft: MODEL, jakiro: FILE, suffix: DIR; "" for the default
     k: int | None = None      # a static K: always up to K draft tokens, all verified
     head: str = "auto"        # draft, jakiro: auto (if trained) | on (must exist) | off | FILE
     width: int = 4            # jakiro: nodes expanded per depth
@@ -58,6 +60,10 @@ class DrafterSpec:
                 if d.kind in ("auto", "none") or d.k is not None:
                     raise LocalspecError(f"auto's members are drafters without @K, not '{d.label}'")
             return DrafterSpec("auto", members=members)
+        if kind == "suffix":
+            if rest and not rest.startswith(":") or "," in rest:
+                raise LocalspecError(f"bad drafter '{text}': suffix[:DIR]")
+            return DrafterSpec(kind, model=rest[1:], k=k)
         if kind in ("none", "lookup"):
             if rest:
                 raise LocalspecError(f"{kind} takes no options (got '{rest}')")
