@@ -180,6 +180,7 @@ class BenchConfig:
     anchors: tuple[str, ...]
     json_out: str | None
     chart: str | None
+    repeat: int = 1
 
 
 def cmd_train(a: argparse.Namespace) -> None:
@@ -260,46 +261,60 @@ def cmd_inspect(a: argparse.Namespace) -> None:
 def cmd_bench(a: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from localspec import store
+    from localspec import paths, store
     from localspec.bench import anchors as anchor_mod
     from localspec.bench import report, workloads
-    from localspec.bench.runner import run_bench
+    from localspec.bench.runner import run_bench, warm_documents
     from localspec.engine import DEFAULT_DRAFT_MODEL, Engine
     from localspec.progress import StderrProgress, progress_bar
 
     specs = a.drafter or [DrafterSpec("auto")]
     cfg = BenchConfig(a.workload, a.limit, tuple(specs), a.max_tokens, tuple(a.anchor or []), a.json,
-                      a.chart)
+                      a.chart, a.repeat)
+    if cfg.repeat < 1:
+        raise LocalspecError("--repeat must be at least 1")
     traced = next((d for d in specs if d.kind == "auto"), None) if a.trace else None
     if a.trace and not traced:
         raise LocalspecError("--trace draws Cascade's choices: add --drafter auto")
-    prompts = workloads.load(cfg.workload, cfg.limit)
-    engine = Engine(engine_config(a, list(specs)), progress=StderrProgress())
+    prompts, warm = workloads.load_warm(cfg.workload, cfg.limit)
+    # The bench's suffix store is its own, in memory: the user's stays as it was, and every
+    # configuration starts each turn from the same store.
+    engine = Engine(replace(engine_config(a, list(specs)), store=":memory:"), progress=StderrProgress())
     sampling = sampling_config(a)
     for spec in specs:
         engine.controller(spec)  # load drafters (and fail on bad ones) before timing anything
+    docs = []
+    if warm.texts or warm.prompts:
+        with progress_bar("warming the suffix store", len(warm.prompts) or 1, unit="answers") as advance:
+            docs = warm_documents(engine, warm, cfg.max_tokens, paths.cache_dir() / "bench" / "answers.json",
+                                  advance)
     anchors = []
     if cfg.anchors:  # llama-server's draft configurations run the same draft model as ours
         draft = next((d.model for d in specs if d.kind in ("draft", "draft-tree") and d.model), "")
+        lookup_cache = None
+        if docs:
+            lookup_cache = paths.cache_dir() / "bench" / "ngram-cache.bin"
+            anchor_mod.write_ngram_cache(docs, lookup_cache)
         anchors = anchor_mod.make_anchors(list(cfg.anchors), engine.model.path,
                                           store.resolve(draft or DEFAULT_DRAFT_MODEL),
-                                          engine.cfg.n_ctx, engine.cfg.threads)
+                                          engine.cfg.n_ctx, engine.cfg.threads, lookup_cache)
     trace: list = []
     try:
         with progress_bar(f"bench {cfg.workload}", len(prompts), unit="prompts") as advance:
             configs = run_bench(engine, prompts, list(specs), cfg.max_tokens, sampling, anchors,
-                                advance, traced=traced, trace=trace)
+                                advance, traced=traced, trace=trace, repeat=cfg.repeat, warm=docs)
     finally:
         for anchor in anchors:
             anchor.close()
     title = (f"{engine.model.path.stem} · {cfg.workload} × {len(prompts)} · {cfg.max_tokens} tokens"
-             f" · T={sampling.temperature}" + (" · flat cost" if a.flat_cost else "")
+             f" · T={sampling.temperature}" + (f" · median of {cfg.repeat}" if cfg.repeat > 1 else "")
+             + (" · flat cost" if a.flat_cost else "")
              + (" · strict" if a.strict else ""))
     print(f"\n{title}\n\n{report.table(configs)}")
     print(f"\nbatched vs single-token logits differ by up to {engine.curve.discrepancy:.3f} "
           "on this model and build (a tie within it may legitimately flip)")
     meta = {"model": str(engine.model.path), "workload": cfg.workload, "n": len(prompts),
-            "max_tokens": cfg.max_tokens, "temperature": sampling.temperature,
+            "max_tokens": cfg.max_tokens, "temperature": sampling.temperature, "repeat": cfg.repeat,
             "seed": sampling.seed, "discrepancy": engine.curve.discrepancy,
             "argv": sys.argv[1:]}
     if cfg.json_out:
@@ -364,13 +379,23 @@ def parser() -> argparse.ArgumentParser:
     add_sampling_args(b)
     b.add_argument("--workload", default="humaneval",
                    help="humaneval | code-edit | sharegpt (evaluation tail) | sharegpt-train | mix | "
-                   "fim (an editor's fill-in-the-middle, in installed packages' code) | FILE.json ([{id, kind, prompt}])")
+                   "fim (an editor's fill-in-the-middle, in installed packages' code) | "
+                   "edit-session (a function, then four follow-ups over the model's answers) | "
+                   "chat-session (ShareGPT tail conversations, every turn answered by the model) | "
+                   "humaneval-warm (problems 100-163, the suffix store warmed on the model's answers "
+                   "to 0-99) | fim-warm (fim, the store warmed on the packages' other files) | "
+                   "FILE.json ([{id, kind, prompt}])")
     b.add_argument("--limit", type=int, default=10, help="number of prompts")
     b.add_argument("--drafter", action="append", type=drafter_spec,
                    help="repeatable: " + DRAFTER_HELP + " (default: auto)")
     b.add_argument("--max-tokens", type=int, default=128)
-    b.add_argument("--anchor", action="append", choices=["llama-cpp-python", "llama-server"],
-                   help="repeatable: run other implementations in the same run")
+    b.add_argument("--repeat", type=int, default=1,
+                   help="runs of each configuration per prompt, in alternating order; tables show "
+                        "per-prompt medians and a 95%% interval of each speedup")
+    b.add_argument("--anchor", action="append", choices=["llama-cpp-python", "llama-server", "llama-server-ngram"],
+                   help="repeatable: run other implementations in the same run (llama-server-ngram: "
+                        "plain and its n-gram speculation: ngram-simple, ngram-mod, ngram-cache with its "
+                        "dynamic cache warmed as the suffix store is)")
     b.add_argument("--json", help="write the results here")
     b.add_argument("--chart", help="write a PNG chart here")
     b.add_argument("--trace", help="write a PNG of Cascade's utility and chosen arm per iteration "
@@ -431,7 +456,7 @@ def parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("cost", help="measure (or show the cached) cost curve of a model")
     add_engine_args(c)
-    c.add_argument("--max-batch", type=int, default=16)
+    c.add_argument("--max-batch", type=int, default=64)
     c.add_argument("--refresh", action="store_true", help="measure again")
     c.set_defaults(func=cmd_cost)
     return p

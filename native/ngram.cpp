@@ -46,19 +46,23 @@ ngram_draft ngram_index::draft(int32_t max_nodes, int32_t max_depth,
     if (starts.empty()) return out;
 
     // A trie of the continuations, with how many occurrences pass through each node.
-    struct trie_node { int32_t token, parent, count, depth; };
+    struct trie_node { int32_t token, parent, count, depth; std::vector<int32_t> children; };
     std::vector<trie_node> trie;
+    std::unordered_map<uint64_t, int32_t> child_of;  // (parent + 1, token) -> node
     for (int32_t s : starts) {
         int32_t parent = -1;
         for (int32_t d = 0; d < max_depth && s + d < len; ++d) {
             const int32_t t = toks_[s + d];
-            int32_t found = -1;
-            for (int32_t j = 0; j < int32_t(trie.size()); ++j) {
-                if (trie[j].parent == parent && trie[j].token == t) { found = j; break; }
-            }
-            if (found < 0) {
-                trie.push_back({t, parent, 0, d + 1});
-                found = int32_t(trie.size()) - 1;
+            const uint64_t k = (uint64_t(uint32_t(parent + 1)) << 32) | uint32_t(t);
+            auto it = child_of.find(k);
+            int32_t found;
+            if (it == child_of.end()) {
+                found = int32_t(trie.size());
+                trie.push_back({t, parent, 0, d + 1, {}});
+                if (parent >= 0) trie[parent].children.push_back(found);
+                child_of.emplace(k, found);
+            } else {
+                found = it->second;
             }
             trie[found].count++;
             parent = found;
@@ -84,9 +88,7 @@ ngram_draft ngram_index::draft(int32_t max_nodes, int32_t max_depth,
         out.tokens.push_back(trie[j].token);
         out.parents.push_back(trie[j].parent < 0 ? -1 : out_index[trie[j].parent]);
         out.counts.push_back(trie[j].count);
-        for (int32_t c = j + 1; c < int32_t(trie.size()); ++c) {
-            if (trie[c].parent == j) frontier.push(c);
-        }
+        for (int32_t c : trie[j].children) frontier.push(c);
     }
     return out;
 }

@@ -20,7 +20,7 @@ class suffix_store {
 public:
     // Suffixes are ordered by their first `depth` tokens only: a matched pattern and the
     // draft that continues it fit within that many.
-    static constexpr int32_t depth = 64;
+    static constexpr int32_t depth = 96;
 
     void add(const int32_t * tokens, int32_t n);  // one document, searchable at once
     void keep_newest(int64_t n_tokens);           // evict the oldest documents down to this

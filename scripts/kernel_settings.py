@@ -31,7 +31,8 @@ for spec in args.configs.split(","):
                            kv_type=s.get("kv", "f16"))
     with Context(models[repack], config) as ctx:
         curve = measure(ctx, max(sizes))
-        d = {n_context: batch_discrepancy(ctx, n_context, max(sizes)) for n_context in (64, 320)}
+        d = {n_context: dict(zip(sizes[1:], batch_discrepancy(ctx, n_context, sizes[1:])))
+             for n_context in (64, 320)}
     print(f"{spec}: single {curve.cost(1) * 1e3:.1f} ms; cost "
           + " ".join(f"{n}:{curve.ratio(n):.2f}" for n in sizes[1:]), flush=True)
     for n_context, dn in d.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import subprocess
 import time
 import urllib.request
@@ -64,7 +65,30 @@ SERVER_CONFIGS = {
     "llama-server draft n-max 8": ["--spec-draft-n-max", "8"],
     "llama-server ngram-simple": ["--spec-type", "ngram-simple"],
     "llama-server ngram-mod": ["--spec-type", "ngram-mod"],
+    "llama-server ngram-cache": ["--spec-type", "ngram-cache"],
 }
+# Its n-gram speculation only (no draft model): what the suffix drafter is measured against.
+NGRAM_CONFIGS = ["llama-server plain", "llama-server ngram-simple", "llama-server ngram-mod",
+                 "llama-server ngram-cache"]
+
+
+def write_ngram_cache(docs: list[list[int]], path: Path, n_min: int = 1, n_max: int = 4) -> None:
+    """llama.cpp's lookup cache file (common/ngram-cache.cpp's common_ngram_cache_save) of
+    these documents, as common_ngram_cache_update counts them: for every n-gram of 1 to 4
+    tokens, how often each token followed it. llama-server's ngram-cache reads it as its
+    dynamic cache (-lcd), the warm-up our suffix store gets."""
+    counts: dict[tuple[int, ...], dict[int, int]] = {}
+    for doc in docs:
+        for n in range(n_min, n_max + 1):
+            for i in range(n, len(doc)):
+                part = counts.setdefault(tuple(doc[i - n:i]) + (-1,) * (4 - n), {})
+                part[doc[i]] = part.get(doc[i], 0) + 1
+    out = bytearray()
+    for ngram, part in counts.items():
+        out += struct.pack("<4ii", *ngram, len(part))
+        for token, count in part.items():
+            out += struct.pack("<ii", token, count)
+    path.write_bytes(bytes(out))
 
 
 def _free_port() -> int:
@@ -133,14 +157,19 @@ class ServerAnchor:
 
 
 def make_anchors(names: list[str], model_path: Path, draft_path: Path | None, n_ctx: int,
-                 threads: int) -> list:
+                 threads: int, lookup_cache: Path | None = None) -> list:
+    """`lookup_cache`: llama-server ngram-cache's dynamic cache (write_ngram_cache)."""
     anchors = []
     for name in names:
         if name == "llama-cpp-python":
             anchors.append(PromptLookupAnchor(model_path, n_ctx, threads))
-        elif name == "llama-server":
-            anchors += [ServerAnchor(n, model_path, draft_path, n_ctx, threads, extra)
-                        for n, extra in SERVER_CONFIGS.items()]
+        elif name in ("llama-server", "llama-server-ngram"):
+            chosen = SERVER_CONFIGS if name == "llama-server" else NGRAM_CONFIGS
+            for n in chosen:
+                extra = SERVER_CONFIGS[n]
+                if n == "llama-server ngram-cache" and lookup_cache is not None:
+                    extra = extra + ["-lcd", str(lookup_cache)]
+                anchors.append(ServerAnchor(n, model_path, draft_path, n_ctx, threads, extra))
         else:
-            raise LocalspecError(f"unknown anchor '{name}' (llama-cpp-python, llama-server)")
+            raise LocalspecError(f"unknown anchor '{name}' (llama-cpp-python, llama-server, llama-server-ngram)")
     return anchors

@@ -5,11 +5,27 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from localspec.bench.runner import Config
 
 
 def _speedup(cfg: Config, base: float) -> float:
     return cfg.tokens_per_s / base if base else 0.0
+
+
+def speedup_interval(cfg: Config, plain: Config, n: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    """A 95% bootstrap interval of cfg's speedup over plain, resampling turns (each
+    configuration's median run of each); None with fewer than 3 turns both ran."""
+    pairs = [(c, p) for c, p in zip(cfg.runs, plain.runs) if not c.failed and not p.failed and c.seconds and p.seconds]
+    if len(pairs) < 3:
+        return None
+    a = np.array([[c.n_timed, c.seconds, p.n_timed, p.seconds] for c, p in pairs])
+    idx = np.random.default_rng(seed).integers(0, len(a), (n, len(a)))
+    s = a[idx].sum(axis=1)
+    ratio = (s[:, 0] / s[:, 1]) / (s[:, 2] / s[:, 3])
+    lo, hi = np.percentile(ratio, [2.5, 97.5])
+    return float(lo), float(hi)
 
 
 def _pct(x: float | None) -> str:
@@ -19,7 +35,7 @@ def _pct(x: float | None) -> str:
 def table(configs: list[Config]) -> str:
     base = configs[0].tokens_per_s
     server_plain = next((c.tokens_per_s for c in configs if c.name == "llama-server plain"), None)
-    rows = ["| config | tokens/s | speedup vs plain | τ | acceptance | identical to plain | failed |",
+    rows = ["| config | tokens/s | speedup vs plain [95% interval] | τ | acceptance | identical to plain | failed |",
             "|---|---:|---:|---:|---:|---:|---:|"]
     for c in configs:
         n = len(c.runs)
@@ -27,6 +43,9 @@ def table(configs: list[Config]) -> str:
         ties = sum(1 for r in c.ok_runs if r.tie)
         ident_s = "-" if not ident else f"{sum(ident)}/{len(ident)}" + (f" (+{ties} at ties)" if ties else "")
         sp = f"{_speedup(c, base):.2f}×"
+        interval = speedup_interval(c, configs[0]) if c is not configs[0] else None
+        if interval:
+            sp += f" [{interval[0]:.2f}–{interval[1]:.2f}]"
         if c.name.startswith("llama-server") and server_plain and c.name != "llama-server plain":
             sp += f" ({c.tokens_per_s / server_plain:.2f}× its plain)"
         tau = "-" if c.tau is None else f"{c.tau:.2f}"
@@ -40,10 +59,11 @@ def to_json(configs: list[Config], meta: dict) -> dict:
     base = configs[0].tokens_per_s
     return {"meta": meta, "configs": [{
         "name": c.name, "drafter": c.drafter, "tokens_per_s": c.tokens_per_s,
-        "speedup": _speedup(c, base), "tau": c.tau, "acceptance": c.acceptance,
+        "speedup": _speedup(c, base), "speedup_95": speedup_interval(c, configs[0]) if i else None,
+        "tau": c.tau, "acceptance": c.acceptance,
         "identical": sum(1 for r in c.ok_runs if r.identical),
         "ties": sum(1 for r in c.ok_runs if r.tie), "n": len(c.runs),
-        "failed": [r.failed for r in c.runs if r.failed]} for c in configs]}
+        "failed": [r.failed for r in c.runs if r.failed]} for i, c in enumerate(configs)]}
 
 
 def write_json(configs: list[Config], meta: dict, path: Path) -> None:

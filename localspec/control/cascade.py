@@ -41,7 +41,7 @@ class CascadeConfig:
     set_len: int = 16        # iterations per set phase (S), doubled each time speculation goes off
     base_len: int = 4        # plain iterations measuring the baseline
     base_every: int = 100    # iterations between baseline measurements
-    ladder: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)  # the Ks hill-climbing steps through
+    ladder: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)  # the Ks hill-climbing steps through
     converge: float = 0.10   # neighbouring utilities this close: stop climbing
     max_skip: int = 15       # test phases a losing drafter sits out at most
     explore_after: int = 4   # losses after which a drafter predicted not to pay is tried anyway

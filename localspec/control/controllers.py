@@ -51,10 +51,13 @@ class CascadeController:
     Drafters that draft for free (prompt lookup) are watched while plain decoding runs: each
     plain iteration they propose as if their arm ran, and once the context shows how far
     plain decoding went along that proposal, Cascade hears what the arm would have emitted and
-    cost (`shadow`)."""
+    cost (`shadow`). They are also asked first, every iteration: a proposal they are sure of
+    (its expected speedup, by their calibrated estimates and the cost curve, at least
+    `sure_at`: text being copied) runs whatever phase Cascade is in, outside its accounting,
+    so a request that copies does not wait for a test phase to find out."""
 
     def __init__(self, members: dict[str, Drafter], curve: CostCurve, n_seq_max: int,
-                 cfg: CascadeConfig = CascadeConfig()):
+                 cfg: CascadeConfig = CascadeConfig(), sure_at: float = 1.3):
         self.members = members
         self.drafters = tuple(members.values())
         self.curve, self.n_seq_max = curve, n_seq_max
@@ -65,6 +68,8 @@ class CascadeController:
         self._shadows: list[tuple[str, int, DraftTree]] = []  # (drafter, context length, proposal)
         self._context: list[int] = []
         self._previous = ""  # the drafter of the last iteration
+        self.sure_at = sure_at
+        self._sure: str | None = None  # the free drafter this iteration runs outside Cascade
         self.arm, self.phase = "plain", ""
 
     def begin(self) -> None:
@@ -75,6 +80,13 @@ class CascadeController:
     def choose(self, context: list[int]) -> tuple[Drafter, Budget] | None:
         self._context = context
         self._score_shadows(context)
+        self._sure = None
+        for w in self.watched:
+            budget = Budget(self.curve, self.n_seq_max)
+            if budget.speedup(self.members[w].propose(context, budget)) >= self.sure_at:
+                self._sure = w
+                self.arm, self.phase = w, "sure"
+                return self.members[w], budget
         name, k = self.cascade.next_arm()
         self.arm, self.phase = f"{name}@{k}" if k else "plain", self.cascade.phase
         if (name, k) == PLAIN:
@@ -86,6 +98,10 @@ class CascadeController:
         return self.members[name], Budget(self.curve, self.n_seq_max, k)
 
     def record(self, tokens: int, seconds: float, drafted: int, accepted: int) -> None:
+        if self._sure:
+            self.acceptance[self._sure].add(accepted, drafted)
+            self._previous = self._sure
+            return
         name = self.cascade.next_arm()[0]
         if name:
             self.acceptance[name].add(accepted, drafted)

@@ -58,6 +58,14 @@ class Budget:
                 return tree.prefix(int(n))
         return tree.prefix(0)
 
+    def speedup(self, tree: DraftTree) -> float:
+        """The expected speed of verifying what size() keeps of `tree`, relative to a plain
+        step (1.0: nothing worth verifying)."""
+        kept = self.size(tree)
+        if not len(kept):
+            return 1.0
+        return (1.0 + float(kept.reach.sum())) * self.curve.cost(1) / self.curve.cost(1 + len(kept))
+
     def worth_drafting(self, reach: float, t_draft_token: float, depth: int) -> bool:
         """Should a sequential drafter draft one more token? Its expected gain `reach` must
         pay for drafting it and for the larger verification batch."""

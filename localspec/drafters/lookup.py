@@ -14,7 +14,7 @@ class LookupDrafter(Drafter):
     name = "lookup"
     free = True
 
-    def __init__(self, n_min: int = 2, n_max: int = 8, max_depth: int = 15, max_occurrences: int = 32):
+    def __init__(self, n_min: int = 2, n_max: int = 8, max_depth: int = 48, max_occurrences: int = 32):
         self.index = _native.NgramIndex(n_min, n_max)
         self.seen: list[int] = []
         self.max_depth = max_depth

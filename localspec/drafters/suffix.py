@@ -245,15 +245,15 @@ class SuffixDrafter(Drafter):
     name = "suffix"
     free = True  # a lookup and a binary search: Cascade may watch it while plain decoding runs
 
-    def __init__(self, store: SuffixStore, max_match: int = 32, max_depth: int = 24,
-                 alpha: float = 1.0, min_share: float = 0.1):
+    def __init__(self, store: SuffixStore, max_match: int = 32, max_depth: int = 48,
+                 alpha: float = 2.0, min_share: float = 0.1):
         self.store = store
         self.lookup = LookupDrafter()  # the request's own context
         self.max_match = min(max_match, _native.SuffixStore.depth - 1)
         self.max_depth, self.alpha, self.min_share = max_depth, alpha, min_share
-        # Acceptance of store drafts by matched length (capped): longer matches are safer bets.
-        self.acceptance = {n: DecayingRatio(prior=min(0.8, 0.3 + 0.1 * n), weight=8.0, decay=0.98)
-                           for n in range(1, 9)}
+        # Acceptance of store drafts by matched length: longer matches are safer bets.
+        self.acceptance = {n: DecayingRatio(prior=min(0.95, 0.3 + 0.1 * n), weight=8.0, decay=0.98)
+                           for n in (*range(1, 9), 12, 16, 24)}
         self._from = "lookup"
         self._n_match = 1
 
@@ -265,7 +265,7 @@ class SuffixDrafter(Drafter):
             a.tick()
         own = self.lookup.propose(context, budget)
         stored = self._from_store(context, budget)
-        best, self._from = max((own, "lookup"), (stored, "store"), key=lambda t: _worth(t[0], budget))
+        best, self._from = max((own, "lookup"), (stored, "store"), key=lambda t: budget.speedup(t[0]))
         return best
 
     def _from_store(self, context: list[int], budget: Budget) -> DraftTree:
@@ -276,7 +276,7 @@ class SuffixDrafter(Drafter):
             return DraftTree.empty()
         share = counts / n_occ
         n = int(np.searchsorted(-share, -self.min_share, side="right"))  # best-first: shares fall
-        self._n_match = min(n_match, 8)
+        self._n_match = max(n for n in self.acceptance if n <= n_match)
         tree = DraftTree(tokens[:n], parents[:n], np.zeros(n))
         tree.reach = share[:n] * self.acceptance[self._n_match].value ** tree.depths()
         return tree
@@ -288,16 +288,6 @@ class SuffixDrafter(Drafter):
         reached_leaf = bool(verdict.path) and not tree.has_child()[verdict.path[-1]]
         n = len(verdict.path)
         self.acceptance[self._n_match].add(n, n + (0 if reached_leaf else 1))
-
-
-def _worth(tree: DraftTree, budget: Budget) -> float:
-    """Expected tokens per second of verifying the part of `tree` the budget would keep,
-    relative to a plain step."""
-    kept = budget.size(tree)
-    if not len(kept):
-        return 1.0
-    return (1.0 + float(kept.reach.sum())) * budget.curve.cost(1) / budget.curve.cost(1 + len(kept))
-
 
 
 SKIP_DIRS = {"node_modules", "__pycache__", "venv", "build", "dist", "target"}

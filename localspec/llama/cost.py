@@ -14,11 +14,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import llama_cpp as ll
+import numpy as np
 
 from localspec import _native
 from localspec.llama.context import Context
 from localspec.paths import cache_dir
 from localspec.progress import Progress
+
+MAX_BATCH = 64  # a long draft (copying) verified at once
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,18 @@ def filler_tokens(ctx: Context, n: int) -> list[int]:
     return [100 + (i * 7919) % (ctx.model.n_vocab - 200) for i in range(n)]
 
 
-def measure(ctx: Context, max_batch: int = 16, n_context: int = 256, repeats: int = 7,
+def batch_sizes(max_batch: int) -> list[int]:
+    """The batch sizes measured: every one up to 16, then 24, 32, 48, 64, ... (a long draft's
+    verification; between them the curve is interpolated)."""
+    sizes = list(range(1, min(max_batch, 16) + 1))
+    n = 16
+    while n < max_batch:
+        n = min(max_batch, n + n // 2 if n & (n - 1) == 0 else n + n // 3)
+        sizes.append(n)
+    return sizes
+
+
+def measure(ctx: Context, max_batch: int = MAX_BATCH, n_context: int = 256, repeats: int = 7,
             progress: Progress | None = None) -> CostCurve:
     """Time batches of 1..max_batch tokens (all rows output, as in verification) after a
     context of n_context tokens. Sizes are interleaved within each repeat so drift in the
@@ -57,54 +71,58 @@ def measure(ctx: Context, max_batch: int = 16, n_context: int = 256, repeats: in
     ctx.clear()
     filler = filler_tokens(ctx, n_context + max_batch)
     ctx.extend(filler[:n_context])
-    times: dict[int, list[float]] = {n: [] for n in range(1, max_batch + 1)}
+    sizes = batch_sizes(max_batch)
+    times: dict[int, list[float]] = {n: [] for n in sizes}
     rounds = repeats + 1  # the first round warms caches and is discarded
     for r in range(rounds):
         progress("measuring the cost curve", r, rounds + 1)
-        for n in range(1, max_batch + 1):
+        for n in sizes:
             t0 = time.perf_counter()
             ctx.extend(filler[n_context:n_context + n], n_outputs=n)
             dt = time.perf_counter() - t0
             ctx.truncate(n_context)
             times[n].append(dt)
     ctx.clear()
-    seconds = [statistics.median(times[n][1:]) for n in sorted(times)]
+    measured = [statistics.median(times[n][1:]) for n in sizes]
     # A batch of n never costs more than one of n+1 (padding it would do), so where noise says
     # otherwise the larger batch's time is the better estimate.
-    for i in range(len(seconds) - 2, -1, -1):
-        seconds[i] = min(seconds[i], seconds[i + 1])
+    for i in range(len(measured) - 2, -1, -1):
+        measured[i] = min(measured[i], measured[i + 1])
+    seconds = [float(x) for x in np.interp(range(1, max_batch + 1), sizes, measured)]
     discrepancy = measure_discrepancy(ctx, max_batch)
     progress("measuring the cost curve", rounds + 1, rounds + 1)
     return CostCurve(seconds, n_context, *discrepancy)
 
 
 def measure_discrepancy(ctx: Context, max_batch: int = 12, contexts=(64, 320)) -> tuple[float, int]:
-    """Decode the same positions one token at a time and as batches of 2..max_batch, after a
-    short and a longer context; return the largest logit difference seen and the largest n
-    for which batches of 2..n were exact. llama.cpp's batched kernels need not reproduce
-    single-token results bit for bit: on a CPU, repacked weights switch to matrix-matrix
-    kernels at 4 rows, and flash attention over an f16 cache splits a single token's work
-    across threads once the cache passes 256 cells (docs/benchmarks.md, kernel settings)."""
-    worst_by_size = [max(d) for d in zip(*(batch_discrepancy(ctx, n, max_batch) for n in contexts))]
-    exact = next((n - 1 for n in range(2, max_batch + 1) if worst_by_size[n] > 0), max_batch)
-    return max(worst_by_size), exact
+    """Decode the same positions one token at a time and as batches of the measured sizes up
+    to max_batch, after a short and a longer context; return the largest logit difference seen
+    and the largest n for which batches of 2..n were exact. llama.cpp's batched kernels need
+    not reproduce single-token results bit for bit: on a CPU, repacked weights switch to
+    matrix-matrix kernels at 4 rows, and flash attention over an f16 cache splits a single
+    token's work across threads once the cache passes 256 cells (docs/benchmarks.md, kernel
+    settings)."""
+    sizes = [n for n in batch_sizes(max_batch) if n >= 2]
+    worst_by_size = [max(d) for d in zip(*(batch_discrepancy(ctx, n, sizes) for n in contexts))]
+    exact = next((n - 1 for n, w in zip(sizes, worst_by_size) if w > 0), max_batch)
+    return max(worst_by_size), min(exact, 16)
 
 
-def batch_discrepancy(ctx: Context, n_context: int, max_batch: int) -> list[float]:
+def batch_discrepancy(ctx: Context, n_context: int, sizes: list[int]) -> list[float]:
     """After n_context filler tokens: the largest logit difference between a batch of n and
-    single-token decoding of the same positions, at index n for n = 2..max_batch."""
+    single-token decoding of the same positions, for each n of `sizes`."""
     ctx.clear()
-    tokens = filler_tokens(ctx, n_context + max_batch)
+    tokens = filler_tokens(ctx, n_context + max(sizes))
     ctx.extend(tokens[:n_context])
     single = []
     for t in tokens[n_context:]:
         ctx.append(t)
         single.append(ctx.logits(0).copy())
     ctx.truncate(n_context)
-    worst = [0.0] * (max_batch + 1)
-    for n in range(2, max_batch + 1):
+    worst = []
+    for n in sizes:
         ctx.extend(tokens[n_context:n_context + n], n_outputs=n)
-        worst[n] = max(float(abs(ctx.logits(i) - single[i]).max()) for i in range(n))
+        worst.append(max(float(abs(ctx.logits(i) - single[i]).max()) for i in range(n)))
         ctx.truncate(n_context)
     ctx.clear()
     return worst
@@ -122,7 +140,7 @@ def cache_path(ctx: Context) -> Path:
     return cache_dir() / "cost" / f"{cache_key(ctx)}.json"
 
 
-def cost_curve(ctx: Context, max_batch: int = 16, refresh: bool = False, repeats: int = 7,
+def cost_curve(ctx: Context, max_batch: int = MAX_BATCH, refresh: bool = False, repeats: int = 7,
                progress: Progress | None = None) -> CostCurve:
     """The cached curve for this model, build and settings; measured on first use."""
     path = cache_path(ctx)

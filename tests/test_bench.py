@@ -1,0 +1,104 @@
+"""The bench's workloads shaped like real use: sessions answered turn by turn, a suffix store
+warmed and rolled back between configurations, repeats, intervals, llama.cpp's lookup cache."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+from localspec.bench import workloads
+from localspec.bench.anchors import write_ngram_cache
+from localspec.bench.report import speedup_interval
+from localspec.bench.runner import Config, Run, run_bench, warm_documents
+from localspec.drafters.spec import DrafterSpec
+from localspec.engine import Engine, EngineConfig
+
+from test_store_cli import localspec
+
+
+def test_session_workloads_are_several_turns_from_held_out_data():
+    chats = workloads.chat_sessions(3)
+    assert len(chats) == 3 and all(p.kind == "session" and len(p.turns) >= 2 for p in chats)
+    train_ids = {p.id.split("/")[1] for p in workloads.sharegpt(200, part="train")}
+    assert not train_ids & {p.id.split("/")[1] for p in chats}
+    edits = workloads.edit_sessions(2)
+    assert edits[0].turns == workloads.EDIT_FOLLOW_UPS and "```python" in edits[0].prompt
+    prompts, warm = workloads.load_warm("humaneval-warm", 64)
+    assert [p.id for p in prompts][::63] == ["HumanEval/100", "HumanEval/163"]
+    assert [p.id for p in warm.prompts][::99] == ["HumanEval/0", "HumanEval/99"]
+
+
+def test_sessions_run_turn_by_turn_on_a_store_rolled_back_for_each_configuration(small_path):
+    engine = Engine(EngineConfig(model=str(small_path), n_ctx=2048, threads=2, store=":memory:"))
+    try:
+        session = workloads.Prompt("s", "session", "Name three colours.", turns=("Name three more.",))
+        warm = [engine.model.tokenize("Red, green and blue are colours.", add_special=False)]
+        configs = run_bench(engine, [session], [DrafterSpec("suffix"), DrafterSpec("auto")], 24,
+                            engine_sampling(), repeat=2, warm=warm)
+        assert [len(c.runs) for c in configs] == [2, 2, 2]  # a median run per turn
+        assert all(r.identical or r.tie for c in configs for r in c.runs)
+        # The store ends as a user's would: the warm-up, then plain's answer to each turn once.
+        assert engine.suffix_store(":memory:").native.n_docs == 1 + 2
+    finally:
+        engine.close()
+
+
+def engine_sampling():
+    from localspec.sampling import SamplingConfig
+    return SamplingConfig()
+
+
+def test_warm_answers_are_generated_once_and_cached(small_path, tmp_path):
+    engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=2, store=":memory:"))
+    try:
+        warm = workloads.Warm(texts=("def f(): pass",), prompts=tuple(workloads.humaneval(2)))
+        cache = tmp_path / "answers.json"
+        docs = warm_documents(engine, warm, 6, cache)
+        assert len(docs) == 3 and all(len(d) <= 6 for d in docs[1:])
+        cached = json.loads(cache.read_text())
+        assert len(cached) == 2
+        for key in cached:  # tampered answers are what the next warm-up reads: no generation
+            cached[key] = [7, 8, 9]
+        cache.write_text(json.dumps(cached))
+        assert warm_documents(engine, warm, 6, cache)[1:] == [[7, 8, 9], [7, 8, 9]]
+    finally:
+        engine.close()
+
+
+def test_ngram_cache_file_is_what_llama_cpp_reads(tmp_path):
+    path = tmp_path / "lcd.bin"
+    write_ngram_cache([[1, 2, 3], [1, 2, 4]], path)
+    data, entries, at = path.read_bytes(), {}, 0
+    while at < len(data):
+        *ngram, n = struct.unpack_from("<4ii", data, at)
+        at += 20
+        entries[tuple(ngram)] = dict(struct.unpack_from("<ii", data, at + 8 * i) for i in range(n))
+        at += 8 * n
+    assert entries[(1, -1, -1, -1)] == {2: 2}
+    assert entries[(2, -1, -1, -1)] == {3: 1, 4: 1}
+    assert entries[(1, 2, -1, -1)] == {3: 1, 4: 1}
+    expected = {tuple(d[i - n:i]) for d in ([1, 2, 3], [1, 2, 4]) for n in range(1, 5) for i in range(n, len(d))}
+    assert len(entries) == len(expected)
+
+
+def test_speedup_interval_covers_the_ratio_and_narrows_with_agreement():
+    plain = Config("plain", "none", runs=[Run(n_timed=100, seconds=10.0) for _ in range(8)])
+    steady = Config("x", "x", runs=[Run(n_timed=100, seconds=5.0) for _ in range(8)])
+    noisy = Config("y", "y", runs=[Run(n_timed=100, seconds=s) for s in (3, 8, 4, 7, 5, 6, 3, 8)])
+    assert speedup_interval(steady, plain) == (2.0, 2.0)
+    lo, hi = speedup_interval(noisy, plain)
+    assert lo < (800 / 44) / 10 < hi and hi - lo > 0.2
+    assert speedup_interval(Config("z", "z", runs=steady.runs[:2]), plain) is None
+
+
+def test_bench_repeat_and_a_warmed_workload_from_the_command_line(home, small_path, tmp_path):
+    out = tmp_path / "bench.json"
+    r = localspec("bench", "-m", str(small_path), "--threads", "2", "--workload", "humaneval-warm",
+                  "--limit", "3", "--max-tokens", "4", "--repeat", "2", "--drafter", "suffix",
+                  "--json", str(out), home=home, timeout=900)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(out.read_text())
+    assert result["meta"]["repeat"] == 2 and result["configs"][1]["speedup_95"] is not None
+    assert "median of 2" in r.stdout
+    bad = localspec("bench", "-m", str(small_path), "--repeat", "0", home=home)
+    assert bad.returncode == 1 and "--repeat" in bad.stderr
