@@ -91,14 +91,14 @@ def test_speedup_interval_covers_the_ratio_and_narrows_with_agreement():
     assert speedup_interval(Config("z", "z", runs=steady.runs[:2]), plain) is None
 
 
-def test_bench_repeat_and_a_warmed_workload_from_the_command_line(home, small_path, tmp_path):
+def test_bench_repeat_and_a_session_workload_from_the_command_line(small_path, tmp_path):
     out = tmp_path / "bench.json"
-    r = localspec("bench", "-m", str(small_path), "--threads", "2", "--workload", "humaneval-warm",
-                  "--limit", "3", "--max-tokens", "4", "--repeat", "2", "--drafter", "suffix",
-                  "--json", str(out), home=home, timeout=900)
+    r = localspec("bench", "-m", str(small_path), "--threads", "2", "--workload", "edit-session",
+                  "--limit", "1", "--max-tokens", "4", "--repeat", "2", "--drafter", "suffix",
+                  "--json", str(out), timeout=900)
     assert r.returncode == 0, r.stderr
     result = json.loads(out.read_text())
     assert result["meta"]["repeat"] == 2 and result["configs"][1]["speedup_95"] is not None
     assert "median of 2" in r.stdout
-    bad = localspec("bench", "-m", str(small_path), "--repeat", "0", home=home)
+    bad = localspec("bench", "-m", str(small_path), "--repeat", "0")
     assert bad.returncode == 1 and "--repeat" in bad.stderr
