@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import sys
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -128,6 +129,7 @@ class Engine:
         self._runtimes: dict[tuple, JakiroRuntime] = {}
         self._head_cache: dict[tuple, AcceptanceHead] = {}
         self._stores: dict[str, SuffixStore] = {}
+        self._store_error = ""
         self._lock = threading.Lock()
         self._owner: int | None = None
         if cfg.strict:
@@ -187,12 +189,16 @@ class Engine:
 
     def _learn(self, tokens: list[int]) -> None:
         """Every answer goes into the suffix store (the default one unless a drafter named
-        another): what the user's work repeats, later requests draft from."""
-        if self.cfg.store == "off" or not tokens:
+        another): what the user's work repeats, later requests draft from. Learning is a
+        bonus: a store that cannot be opened or written is said once and left alone."""
+        if self.cfg.store == "off" or not tokens or self._store_error:
             return
-        stores = list(self._stores.values()) or [self.suffix_store()]
-        for s in stores:
-            s.add(tokens)
+        try:
+            for s in list(self._stores.values()) or [self.suffix_store()]:
+                s.add(tokens)
+        except (LocalspecError, OSError) as e:
+            self._store_error = str(e)
+            print(f"localspec: not learning answers: {e}", file=sys.stderr)
 
     def _draft_context(self, path: Path) -> Context:
         if path not in self._draft_ctxs:
@@ -258,7 +264,14 @@ class Engine:
         alone when the store is off); the default draft model when it is pulled,
         is not the target and shares its tokenizer; the Jakiro drafter that ships for the
         target, if one does (and the context returns hidden states)."""
-        found = [DrafterSpec("lookup" if self.cfg.store == "off" else "suffix")]
+        found = [DrafterSpec("lookup")]
+        if self.cfg.store != "off" and not self._store_error:
+            try:
+                self.drafter(DrafterSpec("suffix"))
+                found = [DrafterSpec("suffix")]
+            except (LocalspecError, OSError) as e:
+                self._store_error = str(e)
+                print(f"localspec: drafting without the suffix store: {e}", file=sys.stderr)
         try:
             path = store.resolve(DEFAULT_DRAFT_MODEL, pull_missing=False)
             if path != self.model.path:

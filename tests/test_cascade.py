@@ -147,6 +147,36 @@ def test_starts_from_the_predicted_k():
     assert cascade.next_arm() == ("lookup", 8)  # the ladder's nearest K
 
 
+class Copying(LookupDrafter):
+    """A free drafter whose proposal is a sure chain when `sure` is set, else a weak guess."""
+
+    def __init__(self):
+        super().__init__()
+        self.sure = False
+
+    def propose(self, context, budget):
+        n = 12
+        reach = np.full(n, 0.95) ** np.arange(1, n + 1) if self.sure else np.full(n, 0.01)
+        return DraftTree(np.arange(n), np.arange(-1, n - 1), reach)
+
+
+def test_a_sure_proposal_of_a_free_drafter_runs_outside_cascades_phases():
+    from localspec.llama.cost import CostCurve
+    curve = CostCurve([0.1 * (1 + 0.3 * n) for n in range(64)], 0)  # a CPU's shape
+    drafter = Copying()
+    controller = CascadeController({"lookup": drafter}, curve, n_seq_max=8)
+    controller.begin()
+    assert controller.choose([1, 2, 3]) is None or controller.phase != "sure"
+    controller.record(1, 0.1, 0, 0)
+    drafter.sure = True
+    state = (controller.cascade.next_arm(), len(controller.cascade.trace))
+    chosen = controller.choose([1, 2, 3])
+    assert chosen is not None and chosen[0] is drafter and controller.phase == "sure"
+    assert len(chosen[1].size(drafter.propose([], chosen[1]))) >= 8  # a long chain, not K
+    controller.record(12, 0.5, 11, 11)
+    assert (controller.cascade.next_arm(), len(controller.cascade.trace)) == state  # untouched
+
+
 def test_auto_greedy_identical_to_plain(target, reference, small_path):
     """Cascade switches between lookup, the draft model (SmolLM2 itself here) and plain
     decoding by measured time, so which arm runs where depends on the machine; the output

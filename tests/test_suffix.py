@@ -173,3 +173,23 @@ def test_index_command_and_a_store_of_another_tokenizer(small_path, qwen_path, t
 def test_default_store_lives_per_tokenizer(monkeypatch, tmp_path):
     monkeypatch.setenv("LOCALSPEC_SUFFIX_DIR", str(tmp_path))
     assert store_dir("abcdef" * 10) == tmp_path / ("abcdef" * 10)[:16]
+
+
+def test_a_broken_default_store_is_said_once_and_left_intact(small_path, tmp_path, monkeypatch, capsys):
+    """Answers are still written (auto drafts with prompt lookup instead); the file that is
+    not a store stays as it was."""
+    monkeypatch.setenv("LOCALSPEC_SUFFIX_DIR", str(tmp_path))
+    engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=2))
+    try:
+        broken = store_dir(engine.model.tokenizer_hash)
+        broken.mkdir(parents=True)
+        (broken / "answers.log").write_bytes(b"something else entirely")
+        for _ in range(2):
+            *_, done = engine.generate(Request(prompt="The sky is", max_tokens=8))
+            assert done.reason == "length"
+        assert engine.available()[0] == DrafterSpec("lookup")
+        err = capsys.readouterr().err
+        assert err.count("not a localspec suffix store") == 1
+        assert (broken / "answers.log").read_bytes() == b"something else entirely"
+    finally:
+        engine.close()

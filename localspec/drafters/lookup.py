@@ -14,14 +14,12 @@ class LookupDrafter(Drafter):
     name = "lookup"
     free = True
 
-    def __init__(self, n_min: int = 2, n_max: int = 8, max_depth: int = 48, max_occurrences: int = 32):
+    def __init__(self, n_min: int = 2, n_max: int = 32, max_depth: int = 63, max_occurrences: int = 32):
         self.index = _native.NgramIndex(n_min, n_max)
         self.seen: list[int] = []
         self.max_depth = max_depth
         self.max_occurrences = max_occurrences
-        # Acceptance by the length of the matched suffix: longer matches are safer bets.
-        self.acceptance = {n: DecayingRatio(prior=min(0.9, 0.5 + 0.1 * n), weight=8.0, decay=0.98)
-                           for n in range(n_min, n_max + 1)}
+        self.acceptance = match_acceptance(n_min)
         self._n_match = n_min
 
     def _sync(self, context: list[int]) -> None:
@@ -44,12 +42,23 @@ class LookupDrafter(Drafter):
             return DraftTree.empty()
         # Reaching a node takes the text going the way that share of the earlier occurrences
         # went, and the target accepting every token on the way there.
-        self._n_match = n_match
+        self._n_match = bucket(self.acceptance, n_match)
         tree = DraftTree(tokens, parents, np.zeros(len(tokens)))
-        tree.reach = counts / n_occ * self.acceptance[n_match].value ** tree.depths()
+        tree.reach = counts / n_occ * self.acceptance[self._n_match].value ** tree.depths()
         return tree
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
         reached_leaf = bool(verdict.path) and not tree.has_child()[verdict.path[-1]]
         n = len(verdict.path)
         self.acceptance[self._n_match].add(n, n + (0 if reached_leaf else 1))
+
+
+def match_acceptance(n_min: int = 1, base: float = 0.5) -> dict[int, DecayingRatio]:
+    """Acceptance of drafts by the length of the matched suffix, in buckets (1..8, 12, 16, 24):
+    longer matches are safer bets (text being copied), so their priors are higher."""
+    return {n: DecayingRatio(prior=min(0.95, base + 0.1 * n), weight=8.0, decay=0.98)
+            for n in (*range(n_min, 9), 12, 16, 24)}
+
+
+def bucket(acceptance: dict[int, DecayingRatio], n_match: int) -> int:
+    return max(n for n in acceptance if n <= n_match)

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from localspec import _native, paths
-from localspec.drafters.base import Budget, DecayingRatio, Drafter
-from localspec.drafters.lookup import LookupDrafter
+from localspec.drafters.base import Budget, Drafter
+from localspec.drafters.lookup import LookupDrafter, bucket, match_acceptance
 from localspec.errors import LocalspecError
 from localspec.sampling import SamplingConfig
 from localspec.verify import DraftTree, Verdict
@@ -245,27 +245,34 @@ class SuffixDrafter(Drafter):
     name = "suffix"
     free = True  # a lookup and a binary search: Cascade may watch it while plain decoding runs
 
-    def __init__(self, store: SuffixStore, max_match: int = 32, max_depth: int = 48,
+    def __init__(self, store: SuffixStore, max_match: int = 32, max_depth: int = 63,
                  alpha: float = 2.0, min_share: float = 0.1):
         self.store = store
         self.lookup = LookupDrafter()  # the request's own context
         self.max_match = min(max_match, _native.SuffixStore.depth - 1)
         self.max_depth, self.alpha, self.min_share = max_depth, alpha, min_share
-        # Acceptance of store drafts by matched length: longer matches are safer bets.
-        self.acceptance = {n: DecayingRatio(prior=min(0.95, 0.3 + 0.1 * n), weight=8.0, decay=0.98)
-                           for n in (*range(1, 9), 12, 16, 24)}
+        # Of store drafts: text of other documents starts as a weaker bet than the request's own.
+        self.acceptance = match_acceptance(base=0.3)
         self._from = "lookup"
         self._n_match = 1
+        self._last: tuple = ((), None)  # (what a proposal was for, the proposal)
 
     def begin(self, prompt: list[int], sampling: SamplingConfig) -> None:
         self.lookup.begin(prompt, sampling)
+        self._last = ((), None)
 
     def propose(self, context: list[int], budget: Budget) -> DraftTree:
+        # Cascade asks a free drafter first, then the loop asks again for the same context:
+        # the second answer is the first.
+        key = (len(context), tuple(context[-8:]), budget.max_nodes, budget.static)
+        if self._last[0] == key:
+            return self._last[1]
         for a in self.acceptance.values():
             a.tick()
         own = self.lookup.propose(context, budget)
         stored = self._from_store(context, budget)
         best, self._from = max((own, "lookup"), (stored, "store"), key=lambda t: budget.speedup(t[0]))
+        self._last = (key, best)
         return best
 
     def _from_store(self, context: list[int], budget: Budget) -> DraftTree:
@@ -276,7 +283,7 @@ class SuffixDrafter(Drafter):
             return DraftTree.empty()
         share = counts / n_occ
         n = int(np.searchsorted(-share, -self.min_share, side="right"))  # best-first: shares fall
-        self._n_match = max(n for n in self.acceptance if n <= n_match)
+        self._n_match = bucket(self.acceptance, n_match)
         tree = DraftTree(tokens[:n], parents[:n], np.zeros(n))
         tree.reach = share[:n] * self.acceptance[self._n_match].value ** tree.depths()
         return tree
