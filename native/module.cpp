@@ -242,13 +242,13 @@ NB_MODULE(_native, m) {
         .def(
             "draft",
             [](const ls::suffix_store & s, vec_in<const int32_t> context, int32_t max_match, int32_t max_nodes,
-               int32_t max_depth, float alpha) {
+               int32_t max_depth, float alpha, int32_t max_occurrences) {
                 const ls::ngram_draft d = s.draft(context.data(), int32_t(context.shape(0)), max_match,
-                                                  max_nodes, max_depth, alpha);
+                                                  max_nodes, max_depth, alpha, max_occurrences);
                 return nb::make_tuple(to_numpy(d.tokens), to_numpy(d.parents), to_numpy(d.counts),
                                       d.n_match, d.n_occurrences);
             },
-            "context"_a, "max_match"_a, "max_nodes"_a, "max_depth"_a, "alpha"_a,
+            "context"_a, "max_match"_a, "max_nodes"_a, "max_depth"_a, "alpha"_a, "max_occurrences"_a = 4096,
             "(tokens, parents, counts, n_match, n_occurrences) of a draft tree.")
         .def("corpus", [](const ls::suffix_store & s) { return to_numpy(s.corpus()); })
         .def("sorted", [](ls::suffix_store & s) { return to_numpy(s.sorted()); })

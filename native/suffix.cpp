@@ -132,7 +132,7 @@ std::vector<suffix_store::range> suffix_store::find(const int32_t * pattern, int
 }
 
 ngram_draft suffix_store::draft(const int32_t * context, int32_t n, int32_t max_match, int32_t max_nodes,
-                                int32_t max_depth, float alpha) const {
+                                int32_t max_depth, float alpha, int32_t max_occurrences) const {
     ngram_draft out;
     // Occurrence is monotone in the suffix's length: search for the longest that occurs.
     int32_t lo = 0, hi = std::min({max_match, n, depth - 1});
@@ -149,14 +149,20 @@ ngram_draft suffix_store::draft(const int32_t * context, int32_t n, int32_t max_
     }
     if (lo == 0) return out;
     out.n_match = lo;
+    int32_t total = 0;
+    for (auto & r : matched) total += int32_t(r.hi - r.lo);
+    out.n_occurrences = total;
+    // A pattern this common says little about what follows, and listing its continuations
+    // would take milliseconds: no draft.
+    if (total > max_occurrences) {
+        out.n_occurrences = 0;
+        return out;
+    }
     max_depth = std::min({max_depth, depth - lo, std::max(1, int32_t(std::ceil(alpha * lo)))});
 
     // A node of the suffix tree: its token, where it hangs in the output, and its ranges.
     struct node { int32_t token, parent, count, depth; std::vector<range> ranges; };
     std::vector<node> nodes;
-    int32_t total = 0;
-    for (auto & r : matched) total += int32_t(r.hi - r.lo);
-    out.n_occurrences = total;
 
     // Children of a node: per level, the sub-ranges of suffixes by their token at `offset`
     // (sorted within the range, since all of them share the tokens before it).

@@ -1,7 +1,7 @@
 """The suffix store at scale: its size, the time to learn an answer, to open it, and to draft
 from it, at 10,000 and 100,000 stored answers, against one forward of the target.
 
-Answers are ShareGPT's assistant turns (cut into pieces of at most 300 tokens, taken in order
+Answers are ShareGPT's assistant turns (cut into pieces of at most 150 tokens, taken in order
 until there are enough), tokenized by the target's tokenizer; drafting contexts are the first
 tokens of held-out answers (the evaluation tail), cut at random points.
 
@@ -30,7 +30,7 @@ from localspec.llama import Model
 from localspec.llama.cost import CostCurve
 
 
-def answers(model: Model, n: int, lo: int, hi: int, piece: int = 300):
+def answers(model: Model, n: int, lo: int, hi: int, piece: int = 150):
     """Up to n token pieces of the assistant turns of conversations lo..hi."""
     out = []
     for idx, conv in enumerate(itertools.islice(sharegpt_conversations(), hi)):

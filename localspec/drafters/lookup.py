@@ -53,10 +53,12 @@ class LookupDrafter(Drafter):
         self.acceptance[self._n_match].add(n, n + (0 if reached_leaf else 1))
 
 
-def match_acceptance(n_min: int = 1, base: float = 0.5) -> dict[int, DecayingRatio]:
+def match_acceptance(n_min: int = 1, base: float = 0.5, cap: float = 0.9) -> dict[int, DecayingRatio]:
     """Acceptance of drafts by the length of the matched suffix, in buckets (1..8, 12, 16, 24):
-    longer matches are safer bets (text being copied), so their priors are higher."""
-    return {n: DecayingRatio(prior=min(0.95, base + 0.1 * n), weight=8.0, decay=0.98)
+    longer matches are safer bets, but no bucket starts sure of itself. Drafts grow long (up
+    to 63 tokens, 24 forwards' worth here) only on evidence, text being copied, so a wrong
+    guess about what repeats stays cheap."""
+    return {n: DecayingRatio(prior=min(cap, base + 0.1 * n), weight=8.0, decay=0.99)
             for n in (*range(n_min, 9), 12, 16, 24)}
 
 

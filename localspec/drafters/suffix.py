@@ -252,7 +252,7 @@ class SuffixDrafter(Drafter):
         self.max_match = min(max_match, _native.SuffixStore.depth - 1)
         self.max_depth, self.alpha, self.min_share = max_depth, alpha, min_share
         # Of store drafts: text of other documents starts as a weaker bet than the request's own.
-        self.acceptance = match_acceptance(base=0.3)
+        self.acceptance = match_acceptance(base=0.2, cap=0.7)
         self._from = "lookup"
         self._n_match = 1
         self._last: tuple = ((), None)  # (what a proposal was for, the proposal)
