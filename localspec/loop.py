@@ -30,7 +30,9 @@ class Controller(Protocol):
 
     def begin(self) -> None: ...
 
-    def choose(self, context: list[int]) -> tuple[Drafter, Budget] | None: ...
+    def choose(self, context: list[int]) -> tuple[Drafter, Budget, DraftTree | None] | None:
+        """The drafter, its budget and its proposal if the controller already asked for one;
+        None: a plain step."""
 
     def record(self, tokens: int, seconds: float, drafted: int, accepted: int) -> None: ...
 
@@ -143,8 +145,8 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
                    (max_batch or ctx.n_ctx) - len(pending))
         tree, drafter = DraftTree.empty(), None
         if choice is not None and room > 0:
-            drafter, budget = choice[0], choice[1].within(room)
-            tree = budget.size(drafter.propose(context, budget))
+            drafter, budget, proposal = choice[0], choice[1].within(room), choice[2]
+            tree = budget.size(proposal if proposal is not None else drafter.propose(context, budget))
         n_past = len(ctx.tokens)
         verdict = verify_tree(ctx, tree, pending, sampler, tie_bound, all_pending_rows=bool(followers))
         if followers:  # the pending rows, then the accepted nodes the cache kept

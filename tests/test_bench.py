@@ -12,6 +12,7 @@ from localspec.bench.report import speedup_interval
 from localspec.bench.runner import Config, Run, run_bench, warm_documents
 from localspec.drafters.spec import DrafterSpec
 from localspec.engine import Engine, EngineConfig
+from localspec.sampling import SamplingConfig
 
 from test_store_cli import localspec
 
@@ -34,18 +35,13 @@ def test_sessions_run_turn_by_turn_on_a_store_rolled_back_for_each_configuration
         session = workloads.Prompt("s", "session", "Name three colours.", turns=("Name three more.",))
         warm = [engine.model.tokenize("Red, green and blue are colours.", add_special=False)]
         configs = run_bench(engine, [session], [DrafterSpec("suffix"), DrafterSpec("auto")], 24,
-                            engine_sampling(), repeat=2, warm=warm)
+                            SamplingConfig(), repeat=2, warm=warm)
         assert [len(c.runs) for c in configs] == [2, 2, 2]  # a median run per turn
         assert all(r.identical or r.tie for c in configs for r in c.runs)
         # The store ends as a user's would: the warm-up, then plain's answer to each turn once.
         assert engine.suffix_store(":memory:").native.n_docs == 1 + 2
     finally:
         engine.close()
-
-
-def engine_sampling():
-    from localspec.sampling import SamplingConfig
-    return SamplingConfig()
 
 
 def test_warm_answers_are_generated_once_and_cached(small_path, tmp_path):

@@ -83,6 +83,22 @@ def test_lookup_greedy_identical_to_plain(target, reference):
     assert stats.tau > 1.3
 
 
+def test_suffix_greedy_identical_to_plain(target, reference):
+    """The store holds plain decoding's answers to the other prompts: drafts come from it and
+    from the request's own text, some accepted, some rejected."""
+    from localspec.drafters.suffix import SuffixDrafter, SuffixStore
+
+    stats = Stats()
+    for p in PROMPTS[::2]:  # every other prompt keeps the test's time down
+        store = SuffixStore(None, target.model.tokenizer_hash)
+        for other in PROMPTS:
+            if other != p:
+                store.add(reference[other])
+        drafter = SuffixDrafter(store)
+        assert speculative(target, drafter, target.model.tokenize(p), stats=stats) == reference[p], p
+    assert stats.draft_n_accepted > 100 and stats.draft_n - stats.draft_n_accepted > 50
+
+
 @pytest.mark.parametrize("width", [1, 4], ids=["chain", "tree"])
 def test_draft_model_greedy_identical_to_plain(target, reference, small_path, width):
     """The draft model here is the target's own GGUF (the one small model with its
@@ -187,10 +203,11 @@ def test_qwen_greedy_differs_only_at_measured_ties_and_strict_is_identical(qwen_
             for prompt in PROMPTS[:8]:
                 tokens = engine.model.tokenize(prompt)
                 ref, _ = run_ours(engine, tokens, NONE, 96, GREEDY)
-                spec, _ = run_ours(engine, tokens, DrafterSpec("lookup"), 96, GREEDY)
-                if strict:
-                    assert spec == ref, prompt
-                elif spec != ref:
-                    assert near_tie(engine, tokens, ref, spec), prompt
+                for drafter in ("lookup", "suffix"):
+                    spec, _ = run_ours(engine, tokens, DrafterSpec(drafter), 96, GREEDY)
+                    if strict:
+                        assert spec == ref, (drafter, prompt)
+                    elif spec != ref:
+                        assert near_tie(engine, tokens, ref, spec), (drafter, prompt)
         finally:
             engine.close()

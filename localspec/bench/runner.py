@@ -151,6 +151,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], drafters: list[DrafterSpec]
     ours = [Config(d.label + suffix, d.label, d) for d in drafters if d.kind != "none"]
     anchors = anchors or []
     configs = [plain, *ours, *[Config(a.name, a.kind) for a in anchors]]
+    anchor_of = {cfg.name: a for cfg, a in zip(configs[1 + len(ours):], anchors)}
     store = engine.suffix_store(":memory:") if engine.cfg.store == ":memory:" else None
     if store is not None:
         store.rollback(0)  # what generating the warm answers taught it, among others
@@ -173,8 +174,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], drafters: list[DrafterSpec]
                             hook = trace[-1].append
                         runs[cfg.name].append(run_ours(engine, tokens, cfg.spec, max_tokens, sampling, hook)[::-1])
                     else:
-                        anchor = anchors[configs.index(cfg) - 1 - len(ours)]
-                        runs[cfg.name].append(anchor.run(p, tokens, max_tokens, sampling))
+                        runs[cfg.name].append(anchor_of[cfg.name].run(p, tokens, max_tokens, sampling))
             _, ref = runs["plain"][0]
             ref_text = engine.model.detokenize([t for t in ref if not engine.model.is_eog(t)])
             for cfg in configs:

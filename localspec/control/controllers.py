@@ -1,5 +1,6 @@
 """Controllers: before each iteration of the loop, which drafter proposes and within what
-budget, or plain decoding (None); after it, what that iteration emitted and cost.
+budget (and its proposal, when the controller already asked for one), or plain decoding
+(None); after it, what that iteration emitted and cost.
 
 - Plain: never drafts.
 - Fixed: one drafter every iteration, its tree sized by the cost curve or a static K.
@@ -14,6 +15,9 @@ from localspec.drafters.base import Budget, DecayingRatio, Drafter
 from localspec.llama.cost import CostCurve
 from localspec.verify import DraftTree
 
+# What runs an iteration: the drafter, its budget, and its proposal if already made.
+Choice = tuple[Drafter, Budget, DraftTree | None]
+
 
 class Plain:
     drafters: tuple[Drafter, ...] = ()
@@ -23,7 +27,7 @@ class Plain:
     def begin(self) -> None:
         pass
 
-    def choose(self, context: list[int]) -> tuple[Drafter, Budget] | None:
+    def choose(self, context: list[int]) -> Choice | None:
         return None
 
     def record(self, tokens: int, seconds: float, drafted: int, accepted: int) -> None:
@@ -36,8 +40,8 @@ class Fixed(Plain):
         self.drafters = (drafter,)
         self.arm = label
 
-    def choose(self, context: list[int]) -> tuple[Drafter, Budget] | None:
-        return self.drafter, self.budget
+    def choose(self, context: list[int]) -> Choice | None:
+        return self.drafter, self.budget, None
 
 
 class CascadeController:
@@ -77,25 +81,29 @@ class CascadeController:
         self._shadows = []
         self._previous = ""
 
-    def choose(self, context: list[int]) -> tuple[Drafter, Budget] | None:
+    def choose(self, context: list[int]) -> Choice | None:
         self._context = context
         self._score_shadows(context)
+        # One proposal per free drafter and iteration, with the whole budget: it decides
+        # whether the drafter is sure, and is what a plain iteration watches or a set phase
+        # of that drafter verifies (sized to the arm's K).
+        proposals = {}
         self._sure = None
         for w in self.watched:
             budget = Budget(self.curve, self.n_seq_max)
-            if budget.speedup(self.members[w].propose(context, budget)) >= self.sure_at:
+            proposals[w] = self.members[w].propose(context, budget)
+            if budget.speedup(proposals[w]) >= self.sure_at:
                 self._sure = w
                 self.arm, self.phase = w, "sure"
-                return self.members[w], budget
+                return self.members[w], budget, proposals[w]
         name, k = self.cascade.next_arm()
         self.arm, self.phase = f"{name}@{k}" if k else "plain", self.cascade.phase
         if (name, k) == PLAIN:
-            for w in self.watched:
+            for w, proposal in proposals.items():
                 budget = Budget(self.curve, self.n_seq_max, self.cascade.k_start(w))
-                proposal = self.members[w].propose(context, budget)
                 self._shadows.append((w, len(context), budget.size(proposal)))
             return None
-        return self.members[name], Budget(self.curve, self.n_seq_max, k)
+        return self.members[name], Budget(self.curve, self.n_seq_max, k), proposals.get(name)
 
     def record(self, tokens: int, seconds: float, drafted: int, accepted: int) -> None:
         if self._sure:

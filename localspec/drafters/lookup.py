@@ -19,8 +19,7 @@ class LookupDrafter(Drafter):
         self.seen: list[int] = []
         self.max_depth = max_depth
         self.max_occurrences = max_occurrences
-        self.acceptance = match_acceptance(n_min)
-        self._n_match = n_min
+        self.acceptance = MatchAcceptance(n_min)
 
     def _sync(self, context: list[int]) -> None:
         """Index exactly `context`: extend when it grew, rebuild when it changed."""
@@ -33,34 +32,43 @@ class LookupDrafter(Drafter):
         self.seen.extend(context[n:])
 
     def propose(self, context: list[int], budget: Budget) -> DraftTree:
-        for a in self.acceptance.values():
-            a.tick()
+        self.acceptance.tick()
         self._sync(context)
-        tokens, parents, counts, n_match, n_occ = self.index.draft(
-            budget.max_nodes, self.max_depth, self.max_occurrences)
-        if n_occ == 0:
+        return self.acceptance.tree(*self.index.draft(budget.max_nodes, self.max_depth, self.max_occurrences))
+
+    def observe(self, tree: DraftTree, verdict: Verdict) -> None:
+        self.acceptance.observe(tree, verdict)
+
+
+class MatchAcceptance:
+    """Acceptance of drafts of what followed earlier occurrences, by the length of the matched
+    suffix, in buckets (1..8, 12, 16, 24): longer matches are safer bets, but no bucket starts
+    sure of itself. Drafts grow long (up to 63 tokens, 24 forwards' worth here) only on
+    evidence, text being copied, so a wrong guess about what repeats stays cheap."""
+
+    def __init__(self, n_min: int = 1, base: float = 0.5, cap: float = 0.9):
+        self.buckets = {n: DecayingRatio(prior=min(cap, base + 0.1 * n), weight=8.0, decay=0.99)
+                        for n in (*range(n_min, 9), 12, 16, 24)}
+        self.last = n_min  # the bucket of the last tree
+
+    def tick(self) -> None:
+        for ratio in self.buckets.values():
+            ratio.tick()
+
+    def tree(self, tokens: np.ndarray, parents: np.ndarray, counts: np.ndarray, n_match: int,
+             n_occurrences: int) -> DraftTree:
+        """Reaching a node takes the text going the way that share of the earlier occurrences
+        went, and the target accepting every token on the way there."""
+        if n_occurrences == 0:
             return DraftTree.empty()
-        # Reaching a node takes the text going the way that share of the earlier occurrences
-        # went, and the target accepting every token on the way there.
-        self._n_match = bucket(self.acceptance, n_match)
+        self.last = max(n for n in self.buckets if n <= n_match)
         tree = DraftTree(tokens, parents, np.zeros(len(tokens)))
-        tree.reach = counts / n_occ * self.acceptance[self._n_match].value ** tree.depths()
+        tree.reach = counts / n_occurrences * self.buckets[self.last].value ** tree.depths()
         return tree
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
+        """A chain's acceptance: accepted tokens over them plus the rejection that ended the
+        path, if one did."""
         reached_leaf = bool(verdict.path) and not tree.has_child()[verdict.path[-1]]
         n = len(verdict.path)
-        self.acceptance[self._n_match].add(n, n + (0 if reached_leaf else 1))
-
-
-def match_acceptance(n_min: int = 1, base: float = 0.5, cap: float = 0.9) -> dict[int, DecayingRatio]:
-    """Acceptance of drafts by the length of the matched suffix, in buckets (1..8, 12, 16, 24):
-    longer matches are safer bets, but no bucket starts sure of itself. Drafts grow long (up
-    to 63 tokens, 24 forwards' worth here) only on evidence, text being copied, so a wrong
-    guess about what repeats stays cheap."""
-    return {n: DecayingRatio(prior=min(cap, base + 0.1 * n), weight=8.0, decay=0.99)
-            for n in (*range(n_min, 9), 12, 16, 24)}
-
-
-def bucket(acceptance: dict[int, DecayingRatio], n_match: int) -> int:
-    return max(n for n in acceptance if n <= n_match)
+        self.buckets[self.last].add(n, n + (0 if reached_leaf else 1))

@@ -27,7 +27,7 @@ import numpy as np
 
 from localspec import _native, paths
 from localspec.drafters.base import Budget, Drafter
-from localspec.drafters.lookup import LookupDrafter, bucket, match_acceptance
+from localspec.drafters.lookup import LookupDrafter, MatchAcceptance
 from localspec.errors import LocalspecError
 from localspec.sampling import SamplingConfig
 from localspec.verify import DraftTree, Verdict
@@ -91,8 +91,8 @@ class SuffixStore:
         if not self._load_snapshot():
             self.synced = start
         self._catch_up()
-        if self.native.n_tokens * BYTES_PER_TOKEN > self.max_bytes:
-            self._compact()
+        if self._evict():
+            self._rewrite()
 
     def _check_header(self, data: bytes, path: Path, magic: bytes) -> int:
         """Where the header ends; one clear line if this is not a store for this tokenizer."""
@@ -172,21 +172,20 @@ class SuffixStore:
         array = np.asarray(tokens, np.int32)
         if self.directory is None:
             self.native.add(array)
-            if self.native.n_tokens * BYTES_PER_TOKEN > self.max_bytes:
-                self.native.keep_newest(self.max_bytes * 3 // 4 // BYTES_PER_TOKEN)
+            self._evict()
             return
         with self._locked():
             self._catch_up()
-            body = array.tobytes()
+            record = _record(array)
             with open(self.log, "r+b") as f:
                 f.seek(self.synced)
-                f.write(RECORD.pack(len(array), zlib.crc32(body)) + body)
+                f.write(record)
                 f.flush()
                 os.fsync(f.fileno())
             self.native.add(array)
-            self.synced += RECORD.size + len(body)
-            if self.native.n_tokens * BYTES_PER_TOKEN > self.max_bytes:
-                self._compact()
+            self.synced += len(record)
+            if self._evict():
+                self._rewrite()
             elif (self.synced - self.snapshotted) // 4 > SNAPSHOT_EVERY:
                 self._snapshot()
 
@@ -213,22 +212,28 @@ class SuffixStore:
         _write_whole(self.index, head + body)
         self.snapshotted = self.synced
 
-    def _compact(self) -> None:
-        """Evict the oldest documents down to 3/4 of the bound; rewrite the log and snapshot
-        under a new generation (a crash in between leaves a snapshot of the old one, which
-        the next open ignores)."""
+    def _evict(self) -> bool:
+        """Past the bound, drop the oldest documents down to 3/4 of it; whether it did."""
+        if self.native.n_tokens * BYTES_PER_TOKEN <= self.max_bytes:
+            return False
         self.native.keep_newest(self.max_bytes * 3 // 4 // BYTES_PER_TOKEN)
+        return True
+
+    def _rewrite(self) -> None:
+        """Write the log and snapshot of what the store holds now, under a new generation (a
+        crash in between leaves a snapshot of the old log, which the next open ignores)."""
         self.generation = int.from_bytes(os.urandom(8), "little")
         corpus = self.native.corpus()
-        records = []
-        for doc in np.split(corpus, np.flatnonzero(corpus == -1) + 1):
-            if len(doc) > 1:
-                body = doc[:-1].tobytes()
-                records.append(RECORD.pack(len(doc) - 1, zlib.crc32(body)) + body)
-        log = self._header() + b"".join(records)
+        docs = np.split(corpus, np.flatnonzero(corpus == -1) + 1)
+        log = self._header() + b"".join(_record(doc[:-1]) for doc in docs if len(doc) > 1)
         _write_whole(self.log, log)
         self.synced = len(log)
         self._snapshot()
+
+
+def _record(tokens: np.ndarray) -> bytes:
+    body = tokens.tobytes()
+    return RECORD.pack(len(tokens), zlib.crc32(body)) + body
 
 
 def _write_whole(path: Path, data: bytes) -> None:
@@ -252,49 +257,29 @@ class SuffixDrafter(Drafter):
         self.max_match = min(max_match, _native.SuffixStore.depth - 1)
         self.max_depth, self.alpha, self.min_share = max_depth, alpha, min_share
         # Of store drafts: text of other documents starts as a weaker bet than the request's own.
-        self.acceptance = match_acceptance(base=0.2, cap=0.7)
+        self.acceptance = MatchAcceptance(base=0.2, cap=0.7)
         self._from = "lookup"
-        self._n_match = 1
-        self._last: tuple = ((), None)  # (what a proposal was for, the proposal)
 
     def begin(self, prompt: list[int], sampling: SamplingConfig) -> None:
         self.lookup.begin(prompt, sampling)
-        self._last = ((), None)
 
     def propose(self, context: list[int], budget: Budget) -> DraftTree:
-        # Cascade asks a free drafter first, then the loop asks again for the same context:
-        # the second answer is the first.
-        key = (len(context), tuple(context[-8:]), budget.max_nodes, budget.static)
-        if self._last[0] == key:
-            return self._last[1]
-        for a in self.acceptance.values():
-            a.tick()
+        self.acceptance.tick()
         own = self.lookup.propose(context, budget)
         stored = self._from_store(context, budget)
         best, self._from = max((own, "lookup"), (stored, "store"), key=lambda t: budget.speedup(t[0]))
-        self._last = (key, best)
         return best
 
     def _from_store(self, context: list[int], budget: Budget) -> DraftTree:
         tokens, parents, counts, n_match, n_occ = self.store.native.draft(
             np.asarray(context[-self.max_match:], np.int32), self.max_match, budget.max_nodes,
             self.max_depth, self.alpha)
-        if n_occ == 0:
-            return DraftTree.empty()
-        share = counts / n_occ
-        n = int(np.searchsorted(-share, -self.min_share, side="right"))  # best-first: shares fall
-        self._n_match = bucket(self.acceptance, n_match)
-        tree = DraftTree(tokens[:n], parents[:n], np.zeros(n))
-        tree.reach = share[:n] * self.acceptance[self._n_match].value ** tree.depths()
-        return tree
+        # Best-first, so shares only fall: keep the nodes at least min_share of occurrences took.
+        n = int(np.searchsorted(-counts, -self.min_share * n_occ, side="right")) if n_occ else 0
+        return self.acceptance.tree(tokens[:n], parents[:n], counts[:n], n_match, n_occ)
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
-        if self._from == "lookup":
-            self.lookup.observe(tree, verdict)
-            return
-        reached_leaf = bool(verdict.path) and not tree.has_child()[verdict.path[-1]]
-        n = len(verdict.path)
-        self.acceptance[self._n_match].add(n, n + (0 if reached_leaf else 1))
+        (self.lookup.acceptance if self._from == "lookup" else self.acceptance).observe(tree, verdict)
 
 
 SKIP_DIRS = {"node_modules", "__pycache__", "venv", "build", "dist", "target"}
