@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass, replace
 
@@ -42,7 +43,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all cores)")
     p.add_argument("--gpu-layers", type=int, default=0,
-                   help="layers to offload (needs a CUDA/ROCm/Metal build of llama-cpp-python)")
+                   help="layers to offload (needs a CUDA/ROCm/Metal build of llama-cpp-python, or "
+                        "--rpc; with --rpc, 0 means all)")
+    p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]", type=rpc_endpoints, default=(),
+                   help="spread the target's offloaded layers over these rpc-servers (localspec "
+                        "rpc-server, or llama.cpp's of the same version); drafters stay here")
     p.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto")
     p.add_argument("--strict", action="store_true",
                    help="greedy output bit-identical to plain decoding: use kernels whose batches "
@@ -70,11 +75,20 @@ def drafter_spec(text: str) -> DrafterSpec:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def rpc_endpoints(text: str) -> tuple[str, ...]:
+    """argparse type: HOST:PORT[,HOST:PORT...]."""
+    from localspec.llama.rpc import parse
+    try:
+        return parse(text)
+    except LocalspecError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def engine_config(a: argparse.Namespace, drafters: list[DrafterSpec]):
     from localspec.engine import EngineConfig
     return EngineConfig(a.model, a.ctx, a.threads, a.gpu_layers, a.flash_attn, strict=a.strict,
                         flat_cost=a.flat_cost, drafter=drafters[0],
-                        features=any(d.uses_features for d in drafters) or None)
+                        features=any(d.uses_features for d in drafters) or None, rpc=a.rpc)
 
 
 def sampling_config(a: argparse.Namespace):
@@ -153,6 +167,18 @@ def cmd_models(a: argparse.Namespace) -> None:
 def cmd_rm(a: argparse.Namespace) -> None:
     from localspec import store
     print(f"removed {store.remove(a.name)}")
+
+
+def cmd_rpc_server(a: argparse.Namespace) -> None:
+    from localspec.llama import rpc
+    from localspec.paths import cache_dir
+    if a.host not in LOOPBACK and not a.i_trust_this_network:
+        raise LocalspecError(f"--host {a.host} exposes this machine's memory and compute to anyone "
+                             "who can reach it (the RPC protocol has no authentication): add "
+                             "--i-trust-this-network on a private network")
+    print(f"localspec rpc-server on {a.host}:{a.port}, {a.threads} threads; clients: --rpc "
+          f"{a.host}:{a.port}; Ctrl-C stops it", file=sys.stderr)
+    rpc.serve(a.host, a.port, a.threads, str(cache_dir() / "rpc") if a.cache else "")
 
 
 def cmd_cost(a: argparse.Namespace) -> None:
@@ -297,7 +323,8 @@ def cmd_bench(a: argparse.Namespace) -> None:
             anchor_mod.write_ngram_cache(docs, lookup_cache)
         anchors = anchor_mod.make_anchors(list(cfg.anchors), engine.model.path,
                                           store.resolve(draft or DEFAULT_DRAFT_MODEL),
-                                          engine.cfg.n_ctx, engine.cfg.threads, lookup_cache)
+                                          engine.cfg.n_ctx, engine.cfg.threads, lookup_cache,
+                                          engine.cfg.rpc, engine.model.n_gpu_layers)
     trace: list = []
     try:
         with progress_bar(f"bench {cfg.workload}", len(prompts), unit="prompts") as advance:
@@ -453,6 +480,23 @@ def parser() -> argparse.ArgumentParser:
     ins = sub.add_parser("inspect", help="print a GGUF's metadata and tensors")
     ins.add_argument("file")
     ins.set_defaults(func=cmd_inspect)
+
+    rs = sub.add_parser(
+        "rpc-server", help="lend this machine's CPU or GPUs to a model on another machine (--rpc)",
+        description="Serve this machine's devices to llama.cpp RPC clients (localspec --rpc, "
+                    "llama.cpp's --rpc) of the same llama.cpp version. The RPC protocol has no "
+                    "authentication and no encryption: use it on trusted networks only.")
+    rs.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on (default 127.0.0.1: this machine only)")
+    rs.add_argument("--port", type=int, default=50052)
+    rs.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                    help="CPU threads (default: half the cores, as llama.cpp's rpc-server)")
+    rs.add_argument("--cache", action="store_true",
+                    help="keep received weights in the cache directory, so reloading a model "
+                         "does not send them again")
+    rs.add_argument("--i-trust-this-network", action="store_true",
+                    help="allow --host other than loopback (anyone who reaches the port can use it)")
+    rs.set_defaults(func=cmd_rpc_server)
 
     c = sub.add_parser("cost", help="measure (or show the cached) cost curve of a model")
     add_engine_args(c)

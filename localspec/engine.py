@@ -34,6 +34,7 @@ from localspec.progress import Progress
 from localspec.sampling import SamplingConfig
 
 DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b-instruct"
+ALL_LAYERS = 999  # n_gpu_layers that offloads every layer
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ class EngineConfig:
     # The suffix store, which learns from every answer: "" the target tokenizer's in the cache
     # directory, a directory, ":memory:" (kept by nothing: benchmarks), or "off".
     store: str = ""
+    # rpc-servers (HOST:PORT) that hold the target's offloaded layers (all of them unless
+    # n_gpu_layers says how many); drafters stay on this machine.
+    rpc: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,7 @@ class Engine:
         self.progress = progress or (lambda what, done, total: None)
         self.loads: collections.Counter[str] = collections.Counter()  # model files loaded
         path = store.resolve(cfg.model)
-        self.model = self._load(path, repack=not cfg.strict)
+        self.model = self._load(path, repack=not cfg.strict, rpc=cfg.rpc)
         # Feature drafters read the target's hidden states: the context returns them whenever
         # one may run, decided once here.
         features = cfg.features if cfg.features is not None else cfg.drafter.uses_features or (
@@ -149,9 +153,10 @@ class Engine:
             self._curve = curve
         return self._curve
 
-    def _load(self, path: Path, repack: bool = True) -> Model:
+    def _load(self, path: Path, repack: bool = True, rpc: tuple[str, ...] = ()) -> Model:
         what = f"loading {path.stem}"
-        model = Model(path, self.cfg.n_gpu_layers, repack, lambda share: self.progress(what, share, 1.0))
+        n_gpu_layers = self.cfg.n_gpu_layers or (ALL_LAYERS if rpc else 0)
+        model = Model(path, n_gpu_layers, repack, lambda share: self.progress(what, share, 1.0), rpc=rpc)
         self.loads[str(path)] += 1
         return model
 

@@ -13,6 +13,8 @@
 #include "jakiro.h"
 #include "jakiro_tree.h"
 #include "ngram.h"
+#include "rpc.h"
+#include "ggml-rpc.h"
 #include "sampling.h"
 #include "suffix.h"
 #include "verify.h"
@@ -357,4 +359,28 @@ NB_MODULE(_native, m) {
 
     m.def("system_info", []() { return std::string(llama_print_system_info()); },
           "llama.cpp's system info, as the linked library reports it.");
+
+    // Devices cross into Python as addresses: a model's NULL-terminated device list is built
+    // from them (llama_model_params.devices).
+    auto addresses = [](const std::vector<ggml_backend_dev_t> & devices) {
+        std::vector<uintptr_t> out;
+        for (auto d : devices) out.push_back(reinterpret_cast<uintptr_t>(d));
+        return out;
+    };
+    m.def("rpc_add_server", [addresses](const std::string & endpoint) { return addresses(rpc_add_server(endpoint)); },
+          "endpoint"_a, "Register a running rpc-server's devices; their addresses.");
+    m.def("local_gpus", [addresses]() { return addresses(local_gpus()); },
+          "Addresses of this machine's GPUs (no RPC devices).");
+    m.def("rpc_serve", [](const std::string & endpoint, const std::string & cache_dir, int n_threads) {
+              nb::gil_scoped_release unlocked;  // serves until the process ends
+              rpc_serve(endpoint, cache_dir, n_threads);
+          }, "endpoint"_a, "cache_dir"_a, "n_threads"_a,
+          "Serve this machine's devices to RPC clients; returns only if it could not listen.");
+    m.def("rpc_keepalive", &rpc_keepalive, "endpoints"_a, "idle"_a, "interval"_a, "count"_a,
+          "TCP keepalive on this process's sockets to these endpoints; how many were set.");
+    m.def("rpc_exit_cleanly_on_abort", &rpc_exit_cleanly_on_abort,
+          "A lost RPC connection ends the process with one line and status 1, not a backtrace.");
+    m.attr("rpc_protocol") = nb::make_tuple(RPC_PROTO_MAJOR_VERSION, RPC_PROTO_MINOR_VERSION,
+                                            RPC_PROTO_PATCH_VERSION);
+    remember_terminal();  // before any full-screen app takes it over
 }

@@ -101,7 +101,7 @@ class ServerAnchor:
     kind = "anchor"
 
     def __init__(self, name: str, model_path: Path, draft_path: Path | None, n_ctx: int,
-                 threads: int, extra: list[str]):
+                 threads: int, extra: list[str], rpc: tuple[str, ...] = (), n_gpu_layers: int = 0):
         binary = LLAMA_TOOLS / "llama-server"
         if not binary.exists():
             raise LocalspecError(f"{binary} is missing: run scripts/build-llama-tools.sh first")
@@ -111,6 +111,8 @@ class ServerAnchor:
                "-c", str(n_ctx), "-np", "1", "-fa", "on", "--no-webui"]
         if threads:
             cmd += ["-t", str(threads)]
+        if rpc:  # the target's layers where ours are; a draft model stays here, as ours does
+            cmd += ["--rpc", ",".join(rpc), "-ngl", str(n_gpu_layers), "-devd", "none"]
         if "--spec-draft-n-max" in extra:
             cmd += ["-md", str(draft_path)]
         self.proc = subprocess.Popen(cmd + extra, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -157,8 +159,10 @@ class ServerAnchor:
 
 
 def make_anchors(names: list[str], model_path: Path, draft_path: Path | None, n_ctx: int,
-                 threads: int, lookup_cache: Path | None = None) -> list:
-    """`lookup_cache`: llama-server ngram-cache's dynamic cache (write_ngram_cache)."""
+                 threads: int, lookup_cache: Path | None = None, rpc: tuple[str, ...] = (),
+                 n_gpu_layers: int = 0) -> list:
+    """`lookup_cache`: llama-server ngram-cache's dynamic cache (write_ngram_cache); `rpc`:
+    the rpc-servers that hold `n_gpu_layers` of the target's layers."""
     anchors = []
     for name in names:
         if name == "llama-cpp-python":
@@ -169,7 +173,8 @@ def make_anchors(names: list[str], model_path: Path, draft_path: Path | None, n_
                 extra = SERVER_CONFIGS[n]
                 if n == "llama-server ngram-cache" and lookup_cache is not None:
                     extra = extra + ["-lcd", str(lookup_cache)]
-                anchors.append(ServerAnchor(n, model_path, draft_path, n_ctx, threads, extra))
+                anchors.append(ServerAnchor(n, model_path, draft_path, n_ctx, threads, extra, rpc,
+                                            n_gpu_layers))
         else:
             raise LocalspecError(f"unknown anchor '{name}' (llama-cpp-python, llama-server, llama-server-ngram)")
     return anchors

@@ -11,6 +11,7 @@ import llama_cpp as ll
 import numpy as np
 
 from localspec import _native
+from localspec.llama import rpc
 from localspec.llama.model import Model
 from localspec.errors import LocalspecError
 
@@ -60,6 +61,7 @@ class Context:
             raise LocalspecError(f"cannot create a llama.cpp context for {model.path} "
                                  f"(n_ctx={config.n_ctx}, n_seq_max={config.n_seq_max})")
         self.ptr = ptr
+        rpc.keepalive(model.rpc)  # the context's buffers may have opened connections
         self.n_ctx = ll.llama_n_ctx(ptr)
         self.mem = ll.llama_get_memory(ptr)
         self.tokens: list[int] = []  # what sequence 0's KV cache holds, position by position

@@ -14,7 +14,9 @@ from typing import Callable
 
 import llama_cpp as ll
 
+from localspec import _native
 from localspec.errors import LocalspecError
+from localspec.llama import rpc as rpc_module
 
 GGUF_MAGIC = b"GGUF"
 
@@ -79,15 +81,23 @@ class Model:
     """Owns a llama_model. Tokenization lives here because it needs only the vocabulary."""
 
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, repack: bool = True,
-                 progress: Callable[[float], None] | None = None, vocab_only: bool = False):
+                 progress: Callable[[float], None] | None = None, vocab_only: bool = False,
+                 rpc: tuple[str, ...] = ()):
         """`progress` hears the share of the weights loaded, from 0 to 1; `vocab_only` loads
-        the vocabulary and metadata but no weights."""
+        the vocabulary and metadata but no weights; `rpc`: rpc-servers (HOST:PORT) whose
+        devices take the offloaded layers (n_gpu_layers) before this machine's GPUs."""
         self.path = Path(path)
         self.n_gpu_layers = n_gpu_layers
         self.repack = repack
+        self.rpc = rpc
         check_gguf(self.path)
         params = ll.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        if rpc or rpc_module.connected():
+            # Registered RPC devices would otherwise take any model's layers: name the devices.
+            # RPC first, as llama.cpp orders them, so fewer activations cross the network.
+            devices = rpc_module.device_list(rpc_module.connect(rpc) + _native.local_gpus())
+            params.devices = ctypes.cast(devices, ctypes.c_void_p)
         # CPU weight repacking (interleaved layouts) is faster, but its kernels switch from
         # matrix-vector to matrix-matrix at 4 rows, so batches stop reproducing single tokens.
         params.use_extra_bufts = repack
@@ -102,6 +112,7 @@ class Model:
                         if "error loading model: " in m), "llama.cpp could not load it")
             raise LocalspecError(f"cannot load {self.path}: {why}")
         self.ptr = ptr
+        rpc_module.keepalive(rpc)
         self.vocab = ll.llama_model_get_vocab(ptr)
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
         self.n_embd = ll.llama_model_n_embd(ptr)

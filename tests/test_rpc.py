@@ -1,0 +1,157 @@
+"""The target over llama.cpp's RPC backend: `localspec rpc-server` on loopback holds its layers.
+
+Engines that use RPC run in child processes: the devices they register are process-wide, and
+losing a server ends the process that used it (as it should; that is tested here too)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from localspec.cli import main
+from localspec.errors import LocalspecError
+from localspec.llama import rpc
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three colors:\n1."]
+LOCALSPEC = [sys.executable, "-m", "localspec.cli"]
+
+# Greedy answers to PROMPTS, printed as JSON: plain and lookup, over `rpc` if given.
+ANSWERS = """
+import json, sys
+from localspec.drafters.spec import DrafterSpec
+from localspec.engine import Done, Engine, EngineConfig, Request
+rpc = tuple(sys.argv[2:])
+engine = Engine(EngineConfig(model=sys.argv[1], threads=1, rpc=rpc, n_ctx=1024, store="off"))
+out = {}
+for drafter in ("none", "lookup"):
+    for p in %r:
+        done = [e for e in engine.generate(Request(prompt=p, max_tokens=48, drafter=DrafterSpec(drafter)))
+                if isinstance(e, Done)][0]
+        out[drafter + " " + p] = done.tokens
+print(json.dumps(out))
+""" % (PROMPTS,)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(threads: int = 1) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen(LOCALSPEC + ["rpc-server", "--port", str(port), "--threads", str(threads)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    endpoint = f"127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            rpc.probe(endpoint, timeout=2)
+            return proc, endpoint
+        except LocalspecError:
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("rpc-server did not come up")
+
+
+@pytest.fixture
+def server():
+    proc, endpoint = start_server()
+    yield proc, endpoint
+    proc.kill()
+    proc.wait()
+
+
+def answers(small_path, *rpc_endpoints: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", ANSWERS, str(small_path), *rpc_endpoints],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+def test_greedy_over_rpc_equals_local_plain(small_path, server):
+    """Every layer on the rpc-server (same build, same CPU kernels): plain and speculative
+    greedy output over RPC is local plain decoding's, token for token."""
+    _, endpoint = server
+    local = answers(small_path)
+    remote = answers(small_path, endpoint)
+    for p in PROMPTS:
+        assert remote["none " + p] == local["none " + p], p
+        assert remote["lookup " + p] == local["none " + p], p
+
+
+def test_unreachable_server_is_one_line(small_path):
+    port = free_port()  # nothing listens there
+    t = time.time()
+    with pytest.raises(LocalspecError, match=f"cannot reach an rpc-server at 127.0.0.1:{port}: connection refused"):
+        rpc.connect((f"127.0.0.1:{port}",))
+    assert time.time() - t < 5
+    assert not rpc.connected()
+    out = subprocess.run(LOCALSPEC + ["generate", "-m", str(small_path), "--rpc", f"127.0.0.1:{port}", "hi"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1].startswith("localspec: error: cannot reach an rpc-server")
+
+
+def test_silent_or_foreign_servers_are_one_line():
+    """A port that accepts and never answers times out; one that answers something else is
+    not taken for an rpc-server."""
+    with socket.socket() as silent, socket.socket() as foreign:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        foreign.bind(("127.0.0.1", 0))
+        foreign.listen()
+
+        def answer_http():
+            conn, _ = foreign.accept()
+            conn.recv(100)
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.close()
+        threading.Thread(target=answer_http, daemon=True).start()
+        with pytest.raises(LocalspecError, match="did not answer within 1 s"):
+            rpc.probe(f"127.0.0.1:{silent.getsockname()[1]}", timeout=1)
+        with pytest.raises(LocalspecError, match="is not a llama.cpp rpc-server"):
+            rpc.probe(f"127.0.0.1:{foreign.getsockname()[1]}", timeout=5)
+
+
+def test_server_lost_mid_request_ends_with_one_line(small_path):
+    proc, endpoint = start_server()
+    gen = subprocess.Popen(LOCALSPEC + ["generate", "-m", str(small_path), "--rpc", endpoint, "--threads", "1",
+                                        "--drafter", "none", "--max-tokens", "4000", "Count from 1 to 1000:"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert gen.stdout.read(20)  # generating over RPC
+        proc.kill()
+        _, err = gen.communicate(timeout=120)
+    finally:
+        gen.kill()
+        proc.wait()
+    assert gen.returncode == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("localspec: lost the connection to an rpc-server"), err[-1000:]
+
+
+def test_rpc_server_refuses_other_hosts_without_the_flag(capsys):
+    assert main(["rpc-server", "--host", "0.0.0.0"]) == 1
+    assert "no authentication" in capsys.readouterr().err
+
+
+def test_rpc_server_port_in_use_is_one_line(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert main(["rpc-server", "--port", str(taken.getsockname()[1])]) == 1
+    assert "cannot listen on 127.0.0.1:" in capsys.readouterr().err
+
+
+def test_endpoints_parse():
+    assert rpc.parse("10.0.0.2:50052, box") == ("10.0.0.2:50052", "box:50052")
+    with pytest.raises(LocalspecError, match="not HOST:PORT"):
+        rpc.parse("box:port")
