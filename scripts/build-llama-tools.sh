@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build llama.cpp's own tools (llama-bench, llama-server, rpc-server) from the llama.cpp that
+# Build llama.cpp's own tools (llama-bench, llama-server, ggml-rpc-server) from the llama.cpp that
 # llama-cpp-python 0.3.36 vendors, so anchors in benchmarks run the same kernels as localspec.
 # Not a runtime dependency. Usage: scripts/build-llama-tools.sh [OUT_DIR] (default: build/llama-tools)
 # Extra CMake flags come from CMAKE_ARGS, as for llama-cpp-python (e.g. -DGGML_CUDA=on).
@@ -20,7 +20,7 @@ fi
 cmake -S "$SRC/vendor/llama.cpp" -B "$OUT/cmake" -DCMAKE_BUILD_TYPE=Release \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_CURL=OFF \
   -DLLAMA_OPENSSL=OFF -DGGML_RPC=ON ${CMAKE_ARGS:-} > "$OUT/cmake.log"
-cmake --build "$OUT/cmake" -j "$(nproc)" --target llama-bench llama-server rpc-server
+cmake --build "$OUT/cmake" -j "$(nproc)" --target llama-bench llama-server ggml-rpc-server
 ln -sf "$(pwd)/$OUT/cmake/bin/llama-bench" "$(pwd)/$OUT/cmake/bin/llama-server" \
-  "$(pwd)/$OUT/cmake/bin/rpc-server" "$OUT/"
-echo "built: $OUT/llama-bench $OUT/llama-server $OUT/rpc-server"
+  "$(pwd)/$OUT/cmake/bin/ggml-rpc-server" "$OUT/"
+echo "built: $OUT/llama-bench $OUT/llama-server $OUT/ggml-rpc-server"
