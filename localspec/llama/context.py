@@ -225,6 +225,11 @@ class Context:
 
     # --- KV cache: every edit of it happens here ----------------------------------------------
 
+    def synchronize(self) -> None:
+        """Wait until the last decode has finished: on GPU and RPC backends llama_decode
+        returns before it has (reading its logits waits too)."""
+        ll.llama_synchronize(self.ptr)
+
     def truncate(self, n: int) -> None:
         """Keep the first n positions of sequence 0 (where rejected tokens go)."""
         if n < len(self.tokens):

@@ -62,7 +62,8 @@ def batch_sizes(max_batch: int) -> list[int]:
 def measure(ctx: Context, max_batch: int = MAX_BATCH, n_context: int = 256, repeats: int = 7,
             progress: Progress | None = None) -> CostCurve:
     """Time batches of 1..max_batch tokens (all rows output, as in verification) after a
-    context of n_context tokens. Sizes are interleaved within each repeat so drift in the
+    context of n_context tokens, each until it has finished (not when llama_decode returns:
+    GPU and RPC backends return early). Sizes are interleaved within each repeat so drift in the
     machine's speed spreads over all of them; the median of the repeats is kept. A context too
     small for n_context + max_batch gets a shorter n_context (the prompt, not this, should be
     what reports a full context)."""
@@ -79,6 +80,7 @@ def measure(ctx: Context, max_batch: int = MAX_BATCH, n_context: int = 256, repe
         for n in sizes:
             t0 = time.perf_counter()
             ctx.extend(filler[n_context:n_context + n], n_outputs=n)
+            ctx.synchronize()
             dt = time.perf_counter() - t0
             ctx.truncate(n_context)
             times[n].append(dt)
@@ -130,7 +132,7 @@ def batch_discrepancy(ctx: Context, n_context: int, sizes: list[int]) -> list[fl
 
 def cache_key(ctx: Context) -> str:
     st = ctx.model.path.stat()
-    parts = ["v3", str(ctx.model.path.resolve()), str(st.st_size), str(st.st_mtime_ns), ll.__version__,
+    parts = ["v4", str(ctx.model.path.resolve()), str(st.st_size), str(st.st_mtime_ns), ll.__version__,
              _native.system_info(), str(ctx.config.n_threads), ctx.config.flash_attn,
              ctx.config.kv_type, str(ctx.model.repack), str(ctx.model.n_gpu_layers),
              *ctx.model.rpc]  # over a network, the link shapes the curve
