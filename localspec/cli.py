@@ -45,7 +45,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-layers", type=int, default=0,
                    help="layers to offload (needs a CUDA/ROCm/Metal build of llama-cpp-python, or "
                         "--rpc; with --rpc, 0 means all)")
-    p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]", type=rpc_endpoints, default=(),
+    p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]", type=arg_type(rpc_endpoints), default=(),
                    help="spread the target's offloaded layers over these rpc-servers (localspec "
                         "rpc-server, or llama.cpp's of the same version); drafters stay here")
     p.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto")
@@ -67,21 +67,24 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
 
 
-def drafter_spec(text: str) -> DrafterSpec:
-    """argparse type: a bad spec is one line of usage error."""
-    try:
-        return DrafterSpec.parse(text)
-    except LocalspecError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+def arg_type(parse):
+    """An argparse type from a parser that raises LocalspecError: bad input is one line of
+    usage error."""
+    def convert(text: str):
+        try:
+            return parse(text)
+        except LocalspecError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = parse.__name__  # argparse names the type in its messages
+    return convert
 
 
 def rpc_endpoints(text: str) -> tuple[str, ...]:
-    """argparse type: HOST:PORT[,HOST:PORT...]."""
-    from localspec.llama.rpc import parse
-    try:
-        return parse(text)
-    except LocalspecError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    from localspec.llama.rpc import parse  # not at import: keeps `localspec --help` quick
+    return parse(text)
+
+
+drafter_spec = arg_type(DrafterSpec.parse)
 
 
 def engine_config(a: argparse.Namespace, drafters: list[DrafterSpec]):

@@ -25,14 +25,10 @@ import sys
 import time
 from pathlib import Path
 
+from localspec.bench.anchors import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 LOCALSPEC = [sys.executable, "-m", "localspec.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- the relay ---------------------------------------------------------------------------------
@@ -67,23 +63,29 @@ def _no_delay(writer: asyncio.StreamWriter) -> None:
     writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-async def _serve_client(reader, writer, delay: float, threads: int) -> None:
+async def _bridge(reader, writer, port: int, round_trip: float, tries: int = 1) -> None:
+    """Join a client's connection to 127.0.0.1:port, `round_trip` seconds there and back
+    (retrying the connection `tries` times, 0.1 s apart, while the server starts)."""
     _no_delay(writer)
+    for attempt in range(tries):
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+            break
+        except OSError:
+            if attempt == tries - 1:
+                writer.close()
+                return
+            await asyncio.sleep(0.1)
+    _no_delay(up_writer)
+    await asyncio.gather(_pipe(reader, up_writer, round_trip / 2), _pipe(up_reader, writer, round_trip / 2))
+
+
+async def _serve_client(reader, writer, round_trip: float, threads: int) -> None:
     port = free_port()
     server = subprocess.Popen(LOCALSPEC + ["rpc-server", "--port", str(port), "--threads", str(threads),
                                            "--cache"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(300):
-            try:
-                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
-                break
-            except OSError:
-                await asyncio.sleep(0.1)
-        else:
-            writer.close()
-            return
-        _no_delay(up_writer)
-        await asyncio.gather(_pipe(reader, up_writer, delay / 2), _pipe(up_reader, writer, delay / 2))
+        await _bridge(reader, writer, port, round_trip, tries=300)
     finally:
         server.terminate()
         server.wait()
@@ -109,12 +111,7 @@ def round_trip_ms(delay_ms: float, n: int = 200) -> float:
         backend = await asyncio.start_server(echo, "127.0.0.1", 0)
         port = backend.sockets[0].getsockname()[1]
 
-        async def serve(r, w):
-            _no_delay(w)
-            ur, uw = await asyncio.open_connection("127.0.0.1", port)
-            _no_delay(uw)
-            await asyncio.gather(_pipe(r, uw, delay_ms / 2e3), _pipe(ur, w, delay_ms / 2e3))
-        front = await asyncio.start_server(serve, "127.0.0.1", 0)
+        front = await asyncio.start_server(lambda r, w: _bridge(r, w, port, delay_ms / 1e3), "127.0.0.1", 0)
         r, w = await asyncio.open_connection("127.0.0.1", front.sockets[0].getsockname()[1])
         _no_delay(w)
         times = []
@@ -125,6 +122,7 @@ def round_trip_ms(delay_ms: float, n: int = 200) -> float:
             await r.readexactly(64)
             times.append(time.perf_counter() - t)
         w.close()
+        await asyncio.sleep(delay_ms / 1e3 + 0.05)  # the relay and the echo see the end and finish
         return 1e3 * statistics.median(times)
     return asyncio.run(main())
 

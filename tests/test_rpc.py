@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from localspec.bench.anchors import free_port
 from localspec.cli import main
 from localspec.errors import LocalspecError
 from localspec.llama import rpc
@@ -36,12 +37,6 @@ for drafter in ("none", "lookup"):
         out[drafter + " " + p] = done.tokens
 print(json.dumps(out))
 """ % (PROMPTS,)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(threads: int = 1) -> tuple[subprocess.Popen, str]:

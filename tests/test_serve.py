@@ -8,7 +8,6 @@ import json
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
+from localspec.bench.anchors import free_port
 from localspec.drafters.spec import DrafterSpec
 from localspec.engine import Engine, EngineConfig, Request
 from localspec.sampling import SamplingConfig
@@ -50,12 +50,6 @@ CODE_FIM = {"id_slot": 0, "input_prefix": VIM_FIM["input_prefix"], "input_suffix
             "input_extra": CODE_EXTRA, "prompt": "    ", "n_predict": 128, "n_cmpl": 3, "top_k": 40,
             "top_p": 0.99, "stream": False, "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True,
             "n_indent": 4, "t_max_prompt_ms": 500, "t_max_predict_ms": 500}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

@@ -91,7 +91,8 @@ def write_ngram_cache(docs: list[list[int]], path: Path, n_min: int = 1, n_max: 
     path.write_bytes(bytes(out))
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on loopback nothing listens on (now)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -106,7 +107,7 @@ class ServerAnchor:
         if not binary.exists():
             raise LocalspecError(f"{binary} is missing: run scripts/build-llama-tools.sh first")
         self.name = name
-        self.port = _free_port()
+        self.port = free_port()
         cmd = [str(binary), "-m", str(model_path), "--host", "127.0.0.1", "--port", str(self.port),
                "-c", str(n_ctx), "-np", "1", "-fa", "on", "--no-webui"]
         if threads:

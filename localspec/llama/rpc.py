@@ -42,7 +42,7 @@ def parse(endpoints: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
             continue
         host, _, port = part.rpartition(":") if ":" in part else (part, ":", str(DEFAULT_PORT))
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise LocalspecError(f"--rpc: '{part}' is not HOST:PORT")
+            raise LocalspecError(f"'{part}' is not HOST:PORT")
         out.append(f"{host}:{int(port)}")
     return tuple(dict.fromkeys(out))
 
@@ -81,9 +81,8 @@ def probe(endpoint: str, timeout: float = TIMEOUT) -> tuple[int, int, int]:
     except ConnectionRefusedError:
         raise LocalspecError(f"cannot reach an rpc-server at {endpoint}: connection refused "
                              "(start one there: localspec rpc-server)") from None
-    except (OSError, ConnectionError) as e:
-        raise LocalspecError(f"cannot reach an rpc-server at {endpoint}: "
-                             f"{e.strerror or e if isinstance(e, OSError) else e}") from None
+    except OSError as e:  # ConnectionError from _recv_exact too
+        raise LocalspecError(f"cannot reach an rpc-server at {endpoint}: {e.strerror or e}") from None
     if major != PROTOCOL[0] or minor > PROTOCOL[1]:
         raise LocalspecError(
             f"the rpc-server at {endpoint} speaks RPC protocol {major}.{minor}.{patch}, this "
