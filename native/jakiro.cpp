@@ -12,6 +12,7 @@
 #include "ggml-cpp.h"
 #include "ggml.h"
 #include "gguf.h"
+#include "rpc.h"
 
 namespace ls {
 
@@ -125,7 +126,7 @@ jakiro_model::jakiro_model(const std::string & drafter_path, const std::string &
         std::iota(d2t_.begin(), d2t_.end(), 0);
     }
 
-    backend_.reset(ggml_backend_init_best());
+    backend_.reset(local_best_backend());  // the drafter stays local with --rpc
     if (!backend_) throw std::runtime_error("no ggml backend available");
     set_threads(backend_.get(), n_threads);
 

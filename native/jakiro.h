@@ -35,6 +35,7 @@ class jakiro_model {
     const jakiro_hparams & hparams() const { return hp_; }
     const std::vector<int32_t> & draft_vocab() const { return d2t_; }  // head row -> target id
     int32_t n_cached() const { return n_cached_; }
+    const char * device() const { return ggml_backend_name(backend_.get()); }
 
     // One pass over n positions: features (n × d), the tokens whose embeddings join them,
     // rotary positions, and an additive mask (n × (n_cached + n): 0 attend, -inf not) over the

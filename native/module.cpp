@@ -269,6 +269,7 @@ NB_MODULE(_native, m) {
         .def(nb::init<const std::string &, const std::string &, int32_t, int32_t, bool>(), "drafter"_a,
              "target"_a, "n_ctx"_a, "n_threads"_a, "full_vocab"_a = false)
         .def_prop_ro("n_cached", &ls::jakiro_model::n_cached)
+        .def_prop_ro("device", &ls::jakiro_model::device)
         .def("draft_vocab", [](const ls::jakiro_model & j) { return to_numpy(j.draft_vocab()); })
         .def(
             "step",

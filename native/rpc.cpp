@@ -1,10 +1,12 @@
 #include "rpc.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
 #ifndef _WIN32
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -52,15 +54,21 @@ void exit_on_rpc_abort(const char * message) {
         return;
     }
     if (g_have_terminal) {
-        // Leave the alternate screen, show the cursor, stop mouse and paste reporting.
-        static const char reset[] = "\x1b[?1049l\x1b[?25h\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1006l\x1b[?2004l";
+        // Leave the alternate screen, show the cursor, wrap lines, stop mouse and paste reporting.
+        static const char reset[] = "\x1b[?1049l\x1b[?25h\x1b[?7h\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1006l\x1b[?2004l";
         if (write(STDOUT_FILENO, reset, sizeof reset - 1) < 0) {}
         tcsetattr(STDIN_FILENO, TCSANOW, &g_terminal);
     }
     const char * what = std::strrchr(message, ':');  // past ggml's "file:line: "
-    std::fprintf(stderr, "localspec: lost the connection to an rpc-server (%s); the request did not "
-                 "finish\n", what ? what + 2 : message);
-    std::fflush(stderr);
+    char line[512];
+    int n = std::snprintf(line, sizeof line, "localspec: lost the connection to an rpc-server (%s); the "
+                          "request did not finish\n", what ? what + 2 : message);
+    n = std::min(n, int(sizeof line) - 1);
+    if (write(STDERR_FILENO, line, n) < 0) {}
+    if (g_have_terminal && !isatty(STDERR_FILENO)) {  // a full-screen app sent stderr to its log
+        int tty = open("/dev/tty", O_WRONLY | O_NOCTTY);
+        if (tty >= 0 && write(tty, line, n) < 0) {}
+    }
     _exit(1);
 }
 #endif
@@ -92,6 +100,15 @@ std::vector<ggml_backend_dev_t> local_gpus() {
         }
     }
     return gpus;
+}
+
+ggml_backend_t local_best_backend() {
+    ggml_backend_dev_t best = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    for (ggml_backend_dev_t dev : local_gpus()) {
+        if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_GPU) return ggml_backend_dev_init(dev, nullptr);
+        if (best == nullptr || ggml_backend_dev_type(best) == GGML_BACKEND_DEVICE_TYPE_CPU) best = dev;
+    }
+    return best ? ggml_backend_dev_init(best, nullptr) : nullptr;
 }
 
 void rpc_serve(const std::string & endpoint, const std::string & cache_dir, int n_threads) {

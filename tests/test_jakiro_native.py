@@ -28,9 +28,10 @@ def random_drafter(model, path, folder, n_experts):
     w = TargetWeights(path)
     net = JakiroNet(cfg, w.embedding(), w.head(np.asarray(vocab)))
     init_weights(net, seed=3)
+    g = torch.Generator().manual_seed(n_experts)  # the same drafter whatever ran before
     with torch.no_grad():  # break init's near-identity so every part of the layer matters
         for p in net.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
     out = folder / f"d{n_experts}.gguf"
     write_gguf(cfg, {k: v.numpy() for k, v in net.state_dict().items()}, out, "f32")
     return net, out

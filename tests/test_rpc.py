@@ -5,10 +5,17 @@ losing a server ends the process that used it (as it should; that is tested here
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import pty
+import select
+import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 
@@ -22,7 +29,8 @@ from localspec.llama import rpc
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three colors:\n1."]
 LOCALSPEC = [sys.executable, "-m", "localspec.cli"]
 
-# Greedy answers to PROMPTS, printed as JSON: plain and lookup, over `rpc` if given.
+# Greedy answers to PROMPTS, printed as JSON: plain, lookup and Jakiro, over `rpc` if given;
+# and the devices Jakiro ran on.
 ANSWERS = """
 import json, sys
 from localspec.drafters.spec import DrafterSpec
@@ -30,11 +38,12 @@ from localspec.engine import Done, Engine, EngineConfig, Request
 rpc = tuple(sys.argv[2:])
 engine = Engine(EngineConfig(model=sys.argv[1], threads=1, rpc=rpc, n_ctx=1024, store="off"))
 out = {}
-for drafter in ("none", "lookup"):
+for drafter in ("none", "lookup", "jakiro@2"):
     for p in %r:
-        done = [e for e in engine.generate(Request(prompt=p, max_tokens=48, drafter=DrafterSpec(drafter)))
+        done = [e for e in engine.generate(Request(prompt=p, max_tokens=48, drafter=DrafterSpec.parse(drafter)))
                 if isinstance(e, Done)][0]
         out[drafter + " " + p] = done.tokens
+out["jakiro devices"] = [rt.native.device for rt in engine._runtimes.values()]
 print(json.dumps(out))
 """ % (PROMPTS,)
 
@@ -73,13 +82,15 @@ def answers(small_path, *rpc_endpoints: str) -> dict:
 
 def test_greedy_over_rpc_equals_local_plain(small_path, server):
     """Every layer on the rpc-server (same build, same CPU kernels): plain and speculative
-    greedy output over RPC is local plain decoding's, token for token."""
+    greedy output over RPC is local plain decoding's, token for token. The drafter runs here."""
     _, endpoint = server
     local = answers(small_path)
     remote = answers(small_path, endpoint)
     for p in PROMPTS:
         assert remote["none " + p] == local["none " + p], p
         assert remote["lookup " + p] == local["none " + p], p
+        assert remote["jakiro@2 " + p] == local["none " + p], p
+    assert remote["jakiro devices"] == ["CPU"]
 
 
 def test_unreachable_server_is_one_line(small_path):
@@ -150,3 +161,45 @@ def test_endpoints_parse():
     assert rpc.parse("10.0.0.2:50052, box") == ("10.0.0.2:50052", "box:50052")
     with pytest.raises(LocalspecError, match="not HOST:PORT"):
         rpc.parse("box:port")
+
+
+def test_chat_losing_its_server_gives_back_the_terminal_with_one_line(small_path, tmp_path):
+    """The real chat app in a pseudo-terminal: when its rpc-server goes, the terminal is left
+    usable and the line reaches it, though the app sends native stderr to its log."""
+    proc, endpoint = start_server()
+    env = dict(os.environ, LOCALSPEC_HOME=str(tmp_path), TERM="xterm-256color")
+    pid, tty = pty.fork()
+    if pid == 0:
+        os.execve(sys.executable, LOCALSPEC + ["chat", "-m", str(small_path), "--rpc", endpoint,
+                                               "--threads", "1", "--drafter", "none"], env)
+    fcntl.ioctl(tty, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    screen = b""
+
+    def read_until(done, seconds: float) -> None:
+        nonlocal screen
+        deadline = time.time() + seconds
+        while not done() and time.time() < deadline:
+            if select.select([tty], [], [], 0.5)[0]:
+                try:
+                    screen += os.read(tty, 65536)
+                except OSError:  # the child is gone
+                    return
+    try:
+        read_until(lambda: b"Ctrl+P: commands" in screen, 180)  # loaded, cost curve measured
+        os.write(tty, b"Hi\r")
+        read_until(lambda: b"tok/s" in screen, 120)  # answered over RPC
+        assert b"tok/s" in screen, screen[-2000:]
+        proc.kill()
+        proc.wait()
+        os.write(tty, b"And then?\r")
+        read_until(lambda: False, 60)  # until the child exits
+        _, status = os.waitpid(pid, 0)
+    finally:
+        proc.kill()
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert os.waitstatus_to_exitcode(status) == 1
+    tail = screen[screen.rindex(b"\x1b[?1049l"):].decode(errors="replace")  # after the app's screen
+    assert "localspec: lost the connection to an rpc-server" in tail, tail
