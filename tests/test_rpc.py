@@ -36,7 +36,7 @@ import json, sys
 from localspec.drafters.spec import DrafterSpec
 from localspec.engine import Done, Engine, EngineConfig, Request
 rpc = tuple(sys.argv[2:])
-engine = Engine(EngineConfig(model=sys.argv[1], threads=1, rpc=rpc, n_ctx=1024, store="off"))
+engine = Engine(EngineConfig(model=sys.argv[1], threads=1, rpc=rpc, n_ctx=1024, store="off", features=True))
 out = {}
 for drafter in ("none", "lookup", "jakiro@2"):
     for p in %r:
