@@ -103,12 +103,14 @@ std::vector<ggml_backend_dev_t> local_gpus() {
 }
 
 ggml_backend_t local_best_backend() {
-    ggml_backend_dev_t best = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-    for (ggml_backend_dev_t dev : local_gpus()) {
-        if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_GPU) return ggml_backend_dev_init(dev, nullptr);
-        if (best == nullptr || ggml_backend_dev_type(best) == GGML_BACKEND_DEVICE_TYPE_CPU) best = dev;
-    }
-    return best ? ggml_backend_dev_init(best, nullptr) : nullptr;
+    const std::vector<ggml_backend_dev_t> gpus = local_gpus();
+    auto discrete = std::find_if(gpus.begin(), gpus.end(), [](ggml_backend_dev_t dev) {
+        return ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_GPU;
+    });
+    ggml_backend_dev_t dev = discrete != gpus.end() ? *discrete
+                           : !gpus.empty()          ? gpus.front()
+                                                    : ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    return dev ? ggml_backend_dev_init(dev, nullptr) : nullptr;
 }
 
 void rpc_serve(const std::string & endpoint, const std::string & cache_dir, int n_threads) {
