@@ -184,6 +184,13 @@ def cmd_rpc_server(a: argparse.Namespace) -> None:
     rpc.serve(a.host, a.port, a.threads, str(cache_dir() / "rpc") if a.cache else "")
 
 
+def agreement(curve, caveat: str = "") -> str:
+    """How far batched logits stray from single-token ones, and up to what batch they do not."""
+    exact = (f"; batches of up to {curve.exact_batch} tokens reproduce single tokens exactly"
+             if curve.exact_batch >= 2 else "")
+    return f"batched vs single-token logits differ by up to {curve.discrepancy:.3f}{caveat}{exact}"
+
+
 def cmd_cost(a: argparse.Namespace) -> None:
     from localspec.engine import Engine
     from localspec.llama.cost import cache_path, cost_curve
@@ -195,9 +202,7 @@ def cmd_cost(a: argparse.Namespace) -> None:
     print("| batch | ms/forward | × batch of 1 |\n|---:|---:|---:|")
     for n in range(1, len(curve.seconds) + 1):
         print(f"| {n} | {curve.cost(n) * 1e3:.1f} | {curve.ratio(n):.2f} |")
-    exact = (f"; batches of up to {curve.exact_batch} tokens reproduce single tokens exactly"
-             if curve.exact_batch >= 2 else "")
-    print(f"batched vs single-token logits differ by up to {curve.discrepancy:.4f}{exact}")
+    print(agreement(curve))
 
 
 @dataclass(frozen=True)
@@ -341,8 +346,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
              + (" · flat cost" if a.flat_cost else "")
              + (" · strict" if a.strict else ""))
     print(f"\n{title}\n\n{report.table(configs)}")
-    print(f"\nbatched vs single-token logits differ by up to {engine.curve.discrepancy:.3f} "
-          "on this model and build (a tie within it may legitimately flip)")
+    print("\n" + agreement(engine.curve, " (a tie within it may legitimately flip)"))
     meta = {"model": str(engine.model.path), "workload": cfg.workload, "n": len(prompts),
             "max_tokens": cfg.max_tokens, "temperature": sampling.temperature, "repeat": cfg.repeat,
             "seed": sampling.seed, "discrepancy": engine.curve.discrepancy,
