@@ -248,11 +248,12 @@ NB_MODULE(_native, m) {
         .def(
             "draft",
             [](const ls::suffix_store & s, vec_in<const int32_t> context, int32_t max_match, int32_t max_nodes,
-               int32_t max_depth, float alpha, int32_t max_occurrences) {
+               int32_t max_depth, float alpha, float min_share, int32_t max_occurrences) {
                 return draft_tuple(s.draft(context.data(), int32_t(context.shape(0)), max_match, max_nodes,
-                                           max_depth, alpha, max_occurrences));
+                                           max_depth, alpha, min_share, max_occurrences));
             },
-            "context"_a, "max_match"_a, "max_nodes"_a, "max_depth"_a, "alpha"_a, "max_occurrences"_a = 4096,
+            "context"_a, "max_match"_a, "max_nodes"_a, "max_depth"_a, "alpha"_a, "min_share"_a = 0.0f,
+            "max_occurrences"_a = 4096,
             "(tokens, parents, counts, n_match, n_occurrences) of a draft tree.")
         .def("corpus", [](const ls::suffix_store & s) { return to_numpy(s.corpus()); })
         .def("sorted", [](ls::suffix_store & s) { return to_numpy(s.sorted()); })

@@ -132,7 +132,7 @@ std::vector<suffix_store::range> suffix_store::find(const int32_t * pattern, int
 }
 
 ngram_draft suffix_store::draft(const int32_t * context, int32_t n, int32_t max_match, int32_t max_nodes,
-                                int32_t max_depth, float alpha, int32_t max_occurrences) const {
+                                int32_t max_depth, float alpha, float min_share, int32_t max_occurrences) const {
     ngram_draft out;
     // Occurrence is monotone in the suffix's length: search for the longest that occurs.
     int32_t lo = 0, hi = std::min({max_match, n, depth - 1});
@@ -165,26 +165,47 @@ ngram_draft suffix_store::draft(const int32_t * context, int32_t n, int32_t max_
     std::vector<node> nodes;
 
     // Children of a node: per level, the sub-ranges of suffixes by their token at `offset`
-    // (sorted within the range, since all of them share the tokens before it).
+    // (sorted within the range, since all of them share the tokens before it). Only children
+    // of at least min_count suffixes are wanted, and such a child holds at least
+    // min_count / ranges of them in some range: looking only at the child under every
+    // stride-th suffix of each range finds it (a common pattern's hundreds of rare
+    // continuations are stepped over), and its parts in every range are then searched for.
+    const int32_t min_count = std::max(1, int32_t(std::ceil(min_share * total)));
+    struct by_token {  // suffixes in a range sorted by their token at `offset`
+        const std::vector<int32_t> & corpus;
+        int32_t offset;
+        bool operator()(uint32_t pos, int32_t t) const { return corpus[pos + offset] < t; }
+        bool operator()(int32_t t, uint32_t pos) const { return t < corpus[pos + offset]; }
+    };
     auto children = [&](const std::vector<range> & ranges, int32_t offset, int32_t parent, int32_t d) {
-        std::vector<node> kids;
+        const by_token order{corpus_, offset};
+        const uint32_t stride = std::max<uint32_t>(1, uint32_t(min_count) / uint32_t(ranges.size()));
+        std::vector<int32_t> found;
         for (auto & r : ranges) {
             const auto & sa = levels_[r.level];
             for (uint32_t i = r.lo; i < r.hi;) {
                 const int32_t t = corpus_[sa[i] + offset];
-                const uint32_t j = uint32_t(std::upper_bound(sa.begin() + i, sa.begin() + r.hi, t,
-                    [&](int32_t v, uint32_t pos) { return v < corpus_[pos + offset]; }) - sa.begin());
-                if (t >= 0) {
-                    auto k = std::find_if(kids.begin(), kids.end(), [&](const node & c) { return c.token == t; });
-                    if (k == kids.end()) {
-                        kids.push_back({t, parent, 0, d, {}});
-                        k = kids.end() - 1;
-                    }
-                    k->count += int32_t(j - i);
-                    k->ranges.push_back({r.level, i, j});
-                }
-                i = j;
+                const auto end = std::upper_bound(sa.begin() + i, sa.begin() + r.hi, t, order);
+                if (t >= 0 && std::find(found.begin(), found.end(), t) == found.end()) found.push_back(t);
+                // Children wholly between two looked-at suffixes are smaller than the stride.
+                const uint32_t j = uint32_t(end - sa.begin());
+                const uint32_t next = r.lo + (j - r.lo + stride - 1) / stride * stride;
+                if (next >= r.hi) break;
+                i = uint32_t(std::lower_bound(end, sa.begin() + next, corpus_[sa[next] + offset], order) - sa.begin());
             }
+        }
+        std::vector<node> kids;
+        for (int32_t t : found) {
+            node k{t, parent, 0, d, {}};
+            for (auto & r : ranges) {
+                const auto & sa = levels_[r.level];
+                const auto [a, b] = std::equal_range(sa.begin() + r.lo, sa.begin() + r.hi, t, order);
+                if (a != b) {
+                    k.count += int32_t(b - a);
+                    k.ranges.push_back({r.level, uint32_t(a - sa.begin()), uint32_t(b - sa.begin())});
+                }
+            }
+            if (k.count >= min_count) kids.push_back(std::move(k));
         }
         return kids;
     };

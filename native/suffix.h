@@ -28,10 +28,12 @@ public:
 
     // A draft tree continuing `context`: the longest suffix of it (at most max_match tokens)
     // that occurs in the store, then what followed its occurrences, best-first by count, at
-    // most max_nodes nodes and min(max_depth, alpha * match length) deep; none when the suffix
-    // occurs more than max_occurrences times.
+    // most max_nodes nodes and min(max_depth, alpha * match length) deep, each followed by at
+    // least min_share of the occurrences; none when the suffix occurs more than
+    // max_occurrences times.
     ngram_draft draft(const int32_t * context, int32_t n, int32_t max_match, int32_t max_nodes,
-                      int32_t max_depth, float alpha, int32_t max_occurrences = 4096) const;
+                      int32_t max_depth, float alpha, float min_share = 0.0f,
+                      int32_t max_occurrences = 4096) const;
 
     int64_t n_tokens() const { return int64_t(corpus_.size() - starts_.size()); }
     int64_t n_docs() const { return int64_t(starts_.size()); }

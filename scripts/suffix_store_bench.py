@@ -110,7 +110,8 @@ def main() -> None:
             for ctx in contexts:
                 arr = np.asarray(ctx[-drafter.max_match:], np.int32)
                 t = time.perf_counter()
-                tokens, *_ = s.native.draft(arr, drafter.max_match, budget.max_nodes, drafter.max_depth, drafter.alpha)
+                tokens, *_ = s.native.draft(arr, drafter.max_match, budget.max_nodes, drafter.max_depth, drafter.alpha,
+                                            drafter.min_share)
                 native.append(time.perf_counter() - t)
                 hits += len(tokens) > 0
                 # As in the loop: the request's context was indexed last iteration, one token ago.

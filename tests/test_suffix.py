@@ -30,14 +30,22 @@ def brute_force(docs: list[list[int]], context: list[int], max_match: int):
     return 0, []
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(docs=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=12), min_size=1, max_size=8),
-       context=st.lists(st.integers(0, 3), min_size=1, max_size=10))
-def test_draft_is_the_suffix_tree_of_earlier_documents(docs, context):
+       context=st.lists(st.integers(0, 3), min_size=1, max_size=10),
+       min_share=st.sampled_from([0.0, 0.1, 0.3, 0.5]), reopened=st.booleans())
+def test_draft_is_the_suffix_tree_of_earlier_documents(docs, context, min_share, reopened):
+    """The draft tree holds every continuation of the longest matching suffix that at least
+    min_share of its occurrences took, with exact counts, whether the documents sit in one
+    sorted array (a reopened store) or in several (added one by one)."""
     s = _native.SuffixStore()
     for d in docs:
         s.add(np.array(d, np.int32))
-    tokens, parents, counts, n_match, n_occ = s.draft(np.array(context, np.int32), 8, 1000, 6, 8.0)
+    if reopened:
+        s2 = _native.SuffixStore()
+        s2.load(s.corpus(), s.sorted())
+        s = s2
+    tokens, parents, counts, n_match, n_occ = s.draft(np.array(context, np.int32), 8, 1000, 6, 8.0, min_share)
     m, follow = brute_force(docs, context, 8)
     assert (n_match, n_occ) == (m, len(follow))
     # Every node: its path's count is how many occurrences continue that way.
@@ -50,6 +58,7 @@ def test_draft_is_the_suffix_tree_of_earlier_documents(docs, context):
     # And every continuation (up to the depth) is in the tree.
     depth = 6  # min(max_depth, alpha * match length) with alpha = 8
     paths = {tuple(f[:k]) for f in follow for k in range(1, min(depth, len(f)) + 1)}
+    paths = {p for p in paths if sum(f[:len(p)] == list(p) for f in follow) >= min_share * len(follow)}
     assert len(tokens) == len(paths)
     assert all(counts[i] <= counts[parents[i]] for i in range(len(tokens)) if parents[i] >= 0)
 

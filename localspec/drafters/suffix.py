@@ -271,12 +271,11 @@ class SuffixDrafter(Drafter):
         return best
 
     def _from_store(self, context: list[int], budget: Budget) -> DraftTree:
+        # Only continuations at least min_share of the occurrences took.
         tokens, parents, counts, n_match, n_occ = self.store.native.draft(
             np.asarray(context[-self.max_match:], np.int32), self.max_match, budget.max_nodes,
-            self.max_depth, self.alpha)
-        # Best-first, so shares only fall: keep the nodes at least min_share of occurrences took.
-        n = int(np.searchsorted(-counts, -self.min_share * n_occ, side="right")) if n_occ else 0
-        return self.acceptance.tree(tokens[:n], parents[:n], counts[:n], n_match, n_occ)
+            self.max_depth, self.alpha, self.min_share)
+        return self.acceptance.tree(tokens, parents, counts, n_match, n_occ)
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
         (self.lookup.acceptance if self._from == "lookup" else self.acceptance).observe(tree, verdict)
