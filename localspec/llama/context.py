@@ -165,25 +165,28 @@ class Context:
         first_out = n - max(1, n_outputs)
         start = reuse
         report = progress if progress is not None and n - reuse > PROGRESS_AFTER else None
-        while start < n:
-            end = min(n, (start // c + 1) * c)
-            chunk = tokens[start:end]
-            outputs = [p >= first_out for p in range(start, end)]
-            # A context returning hidden states outputs every row of a batch (llama.cpp's rule),
-            # which costs a prompt 15% more (the LM head over every token): only the chunks
-            # with outputs get them. Which rows a batch outputs cannot change the KV cache.
-            try:
-                ll.llama_set_embeddings(self.ptr, self.config.embeddings and outputs[-1])
+        # A context returning hidden states outputs every row of a batch (llama.cpp's rule),
+        # running the LM head over every prompt token: only chunks with outputs get them.
+        # Which rows a batch outputs cannot change the KV cache.
+        hidden = self.config.embeddings
+        try:
+            while start < n:
+                end = min(n, (start // c + 1) * c)
+                chunk = tokens[start:end]
+                outputs = [p >= first_out for p in range(start, end)]
+                if hidden:
+                    ll.llama_set_embeddings(self.ptr, outputs[-1])
                 self.decode(chunk, range(start, end), outputs=outputs)
-            finally:
-                ll.llama_set_embeddings(self.ptr, self.config.embeddings)
-            self.tokens.extend(chunk)
-            if on_outputs and outputs[-1]:
-                first = max(start, first_out)
-                on_outputs(first, list(range(first - start, end - start)))
-            start = end
-            if report:
-                report(end - reuse, n - reuse)
+                self.tokens.extend(chunk)
+                if on_outputs and outputs[-1]:
+                    first = max(start, first_out)
+                    on_outputs(first, list(range(first - start, end - start)))
+                start = end
+                if report:
+                    report(end - reuse, n - reuse)
+        finally:
+            if hidden:
+                ll.llama_set_embeddings(self.ptr, True)
         self._last = (n, self.logits(len(chunk) - 1).copy())
         return reuse, self._last[1]
 
