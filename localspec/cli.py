@@ -199,9 +199,12 @@ def cmd_cost(a: argparse.Namespace) -> None:
     curve = cost_curve(ctx, a.max_batch, refresh=a.refresh, progress=StderrProgress())
     print(f"cost curve of {ctx.model.path.name} ({ctx.config.n_threads or 'all'} threads, "
           f"after {curve.n_context} tokens of context; cached in {cache_path(ctx)})")
-    print("| batch | ms/forward | × batch of 1 |\n|---:|---:|---:|")
+    long = curve.at(4096)
+    print("| batch | ms/forward | × batch of 1 | after 4,096 tokens: ms | × batch of 1 |\n"
+          "|---:|---:|---:|---:|---:|")
     for n in range(1, len(curve.seconds) + 1):
-        print(f"| {n} | {curve.cost(n) * 1e3:.1f} | {curve.ratio(n):.2f} |")
+        print(f"| {n} | {curve.cost(n) * 1e3:.1f} | {curve.ratio(n):.2f} | {long.cost(n) * 1e3:.1f} | "
+              f"{long.ratio(n):.2f} |")
     print(agreement(curve))
 
 

@@ -152,7 +152,7 @@ class Engine:
         if self._curve is None:
             curve = cost_curve(self.ctx, progress=self.progress)
             if self.cfg.flat_cost:
-                curve = replace(curve, seconds=[curve.seconds[0]] * len(curve.seconds))
+                curve = replace(curve, seconds=[curve.seconds[0]] * len(curve.seconds), per_context=())
             self._curve = curve
         return self._curve
 
@@ -259,8 +259,9 @@ class Engine:
         if spec.kind == "none":
             return Plain()
         if spec.kind != "auto":
+            drafter = self.drafter(spec)  # a drafter that cannot load says so before any measuring
             budget = Budget(self.curve, self.cfg.n_seq_max, spec.k, static=spec.k is not None)
-            return Fixed(self.drafter(spec), budget, spec.label)
+            return Fixed(drafter, budget, spec.label)
         if spec not in self._controllers:
             members = spec.members or self.available()
             self._controllers[spec] = CascadeController(

@@ -8,6 +8,7 @@ import pytest
 
 from localspec.llama import Context
 from localspec.llama.context import ContextConfig
+from localspec.llama.cost import CostCurve
 from localspec.llama.text import StreamDecoder, chat_tokens, complete_utf8_prefix
 from localspec.loop import generate
 from localspec.sampling import SamplingConfig
@@ -207,3 +208,40 @@ def test_cost_curve_is_measured_once_and_cached(small_model, tmp_path, monkeypat
         assert cost_curve(ctx, max_batch=6) == curve  # read back, not measured again
         assert ctx.tokens == []  # the measurement leaves the context empty
         assert all(a <= b for a, b in zip(curve.seconds, curve.seconds[1:]))
+        assert curve.per_context == () and curve.at(4096) is curve  # too small a context to tell
+
+
+def test_cost_curve_measures_what_context_adds(small_model, tmp_path, monkeypatch):
+    from localspec.llama.cost import cost_curve
+
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    with Context(small_model, ContextConfig(n_ctx=2048, n_threads=2)) as ctx:
+        curve = cost_curve(ctx, max_batch=6, repeats=2)
+        assert len(curve.per_context) == 6 and all(k >= 0 for k in curve.per_context)
+        assert cost_curve(ctx, max_batch=6) == curve  # per_context is cached with the rest
+        assert ctx.tokens == []
+    with Context(small_model, ContextConfig(n_ctx=256, n_threads=2)) as small:
+        assert cost_curve(small, max_batch=6) == curve  # a small context reads the same curve
+        cost_curve(small, max_batch=6, refresh=True)  # its own, cached without per_context
+    with Context(small_model, ContextConfig(n_ctx=2048, n_threads=2)) as ctx:
+        assert len(cost_curve(ctx, max_batch=6, repeats=2).per_context) == 6  # measured again
+
+
+def test_cost_curve_at_another_context():
+    from localspec.drafters.base import Budget
+    from localspec.verify import DraftTree
+
+    curve = CostCurve([1.0, 1.5, 2.0, 2.5], 256, per_context=(0.001, 0.002, 0.003, 0.004))
+    assert curve.at(256) is curve
+    assert curve.at(1256).seconds == pytest.approx([2.0, 3.5, 5.0, 6.5])
+    assert curve.at(1256).n_context == 1256
+    assert curve.at(0).seconds == pytest.approx([0.744, 0.988, 1.232, 1.476])
+    assert curve.at(-10**6).seconds == pytest.approx([0.5, 0.75, 1.0, 1.25])  # never below half
+    # Still non-decreasing where context adds more to a single token than to a batch.
+    odd = CostCurve([1.0, 1.1], 0, per_context=(0.01, 0.0))
+    assert odd.at(100).seconds == pytest.approx([1.1, 1.1])
+    # A draft that pays after a short prompt may not after a long one: wide batches cost more.
+    chain = DraftTree(np.arange(3), np.array([-1, 0, 1]), np.array([0.9, 0.8, 0.7]))
+    budget = Budget(curve, 8)
+    assert len(budget.size(chain)) == 3
+    assert len(budget.at(20000).size(chain)) < 3

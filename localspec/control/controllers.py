@@ -41,7 +41,7 @@ class Fixed(Plain):
         self.arm = label
 
     def choose(self, context: list[int]) -> Choice | None:
-        return self.drafter, self.budget, None
+        return self.drafter, self.budget.at(len(context)), None
 
 
 class CascadeController:
@@ -67,10 +67,12 @@ class CascadeController:
         self.curve, self.n_seq_max = curve, n_seq_max
         # Per drafter, accepted / drafted tokens: the cost curve turns it into a starting K.
         self.acceptance = {d: DecayingRatio(prior=0.5, decay=1.0) for d in members}
+        self._context: list[int] = []
+        self._curve = curve  # at the context of the iteration being chosen
         self.cascade = Cascade(members, cfg, self.predict_k)
         self.watched = [name for name, d in members.items() if d.free]
-        self._shadows: list[tuple[str, int, DraftTree]] = []  # (drafter, context length, proposal)
-        self._context: list[int] = []
+        # (drafter, context length, proposal, its verification's cost in plain forwards)
+        self._shadows: list[tuple[str, int, DraftTree, float]] = []
         self._previous = ""  # the drafter of the last iteration
         self.sure_at = sure_at
         self._sure: str | None = None  # the free drafter this iteration runs outside Cascade
@@ -83,6 +85,7 @@ class CascadeController:
 
     def choose(self, context: list[int]) -> Choice | None:
         self._context = context
+        self._curve = curve = self.curve.at(len(context))
         self._score_shadows(context)
         # One proposal per free drafter and iteration, with the whole budget: it decides
         # whether the drafter is sure, and is what a plain iteration watches or a set phase
@@ -90,7 +93,7 @@ class CascadeController:
         proposals = {}
         self._sure = None
         for w in self.watched:
-            budget = Budget(self.curve, self.n_seq_max)
+            budget = Budget(curve, self.n_seq_max)
             proposals[w] = self.members[w].propose(context, budget)
             if budget.speedup(proposals[w]) >= self.sure_at:
                 self._sure = w
@@ -100,10 +103,10 @@ class CascadeController:
         self.arm, self.phase = f"{name}@{k}" if k else "plain", self.cascade.phase
         if (name, k) == PLAIN:
             for w, proposal in proposals.items():
-                budget = Budget(self.curve, self.n_seq_max, self.cascade.k_start(w))
-                self._shadows.append((w, len(context), budget.size(proposal)))
+                tree = Budget(curve, self.n_seq_max, self.cascade.k_start(w)).size(proposal)
+                self._shadows.append((w, len(context), tree, curve.ratio(1 + len(tree))))
             return None
-        return self.members[name], Budget(self.curve, self.n_seq_max, k), proposals.get(name)
+        return self.members[name], Budget(curve, self.n_seq_max, k), proposals.get(name)
 
     def record(self, tokens: int, seconds: float, drafted: int, accepted: int) -> None:
         if self._sure:
@@ -121,12 +124,12 @@ class CascadeController:
     def _score_shadows(self, context: list[int]) -> None:
         """Report to Cascade each watched proposal whose outcome the context now decides."""
         waiting = []
-        for name, start, tree in self._shadows:
+        for name, start, tree, cost in self._shadows:
             n, final = tree.walk(context[start:])
             if final:
-                self.cascade.shadow(name, 1 + n, self.curve.cost(1 + len(tree)) / self.curve.cost(1))
+                self.cascade.shadow(name, 1 + n, cost)
             else:
-                waiting.append((name, start, tree))
+                waiting.append((name, start, tree, cost))
         self._shadows = waiting
 
     def predict_k(self, name: str) -> int:
@@ -136,13 +139,14 @@ class CascadeController:
         (1 + a + ... + a^K) / (cost(1 + K) + K t + c / trial), against 1 / cost(1) for plain
         decoding; 0 when no K beats plain. A drafter that drafts for free (prompt lookup) is
         never predicted out: its trials judge it."""
-        t, c = self.members[name].drafting_seconds(self._context, self.curve.cost(1))
+        curve = self._curve
+        t, c = self.members[name].drafting_seconds(self._context, curve.cost(1))
         a = min(0.99, self.acceptance[name].value)
-        ks = np.arange(1, len(self.curve.seconds))
+        ks = np.arange(1, len(curve.seconds))
         gain = (1 - a ** (ks + 1)) / (1 - a)  # 1 + a + ... + a^K
-        cost = np.array([self.curve.cost(1 + k) for k in ks]) + ks * t + c / self.cascade.cfg.trial
+        cost = np.array([curve.cost(1 + k) for k in ks]) + ks * t + c / self.cascade.cfg.trial
         rate = gain / cost
         best = int(np.argmax(rate))
-        if rate[best] * self.curve.cost(1) >= 1.0 or (t == 0 and c == 0):
+        if rate[best] * curve.cost(1) >= 1.0 or (t == 0 and c == 0):
             return int(ks[best])
         return 0

@@ -35,6 +35,11 @@ class Budget:
         n_curve = len(curve.seconds) - 1
         self.max_nodes = n_curve if max_nodes is None else max_nodes if static else min(max_nodes, n_curve)
 
+    def at(self, n_context: int) -> Budget:
+        """This budget after n_context tokens of context (a wide batch costs more there)."""
+        curve = self.curve.at(n_context)
+        return self if curve is self.curve else Budget(curve, self.n_seq_max, self.max_nodes, self.static)
+
     def within(self, n: int) -> Budget:
         """This budget, holding at most n nodes (the room left in the request or context)."""
         if n >= self.max_nodes:

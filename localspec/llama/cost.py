@@ -1,8 +1,11 @@
-"""The cost curve: seconds for one target forward of a batch of n tokens, n = 1..N.
+"""The cost curve: seconds for one target forward of a batch of n tokens, n = 1..N, and what
+each token of context adds to it.
 
 Everything that sizes speculation plans with it. It is measured once per model, build and
 thread count on this machine and cached, because it is the machine that decides its shape
-(flat on a GPU, nearly linear on a small CPU)."""
+(flat on a GPU, nearly linear on a small CPU). Context matters too: every row of a batch
+attends to the whole cache, so after a long prompt (an editor's file) a wide batch costs
+more forwards than after a short one."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import hashlib
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import llama_cpp as ll
@@ -22,6 +25,7 @@ from localspec.paths import cache_dir
 from localspec.progress import Progress
 
 MAX_BATCH = 64  # a long draft (copying) verified at once
+LONG_CONTEXT = 2048  # where the second, coarser curve is measured (what context adds)
 
 
 @dataclass(frozen=True)
@@ -33,9 +37,20 @@ class CostCurve:
     discrepancy: float = 0.0
     # Largest n such that batches of 2..n reproduced single-token logits bit for bit (1: none).
     exact_batch: int = 1
+    # per_context[n-1]: seconds one more token of context adds to a batch of n (attention:
+    # every row reads the whole cache); empty: not measured, the curve holds at any context.
+    per_context: tuple[float, ...] = ()
 
     def cost(self, n: int) -> float:
         return self.seconds[min(n, len(self.seconds)) - 1]
+
+    def at(self, n_context: int) -> CostCurve:
+        """This curve after n_context tokens of context instead of self.n_context."""
+        if not self.per_context or n_context == self.n_context:
+            return self
+        shift = n_context - self.n_context
+        seconds = [max(s + shift * k, 0.5 * s) for s, k in zip(self.seconds, self.per_context)]
+        return replace(self, seconds=non_decreasing(seconds), n_context=n_context)
 
     def ratio(self, n: int) -> float:
         """Cost of a batch of n relative to a single-token forward."""
@@ -76,24 +91,74 @@ def measure(ctx: Context, max_batch: int = MAX_BATCH, n_context: int = 256, repe
     times: dict[int, list[float]] = {n: [] for n in sizes}
     rounds = repeats + 1  # the first round warms caches and is discarded
     for r in range(rounds):
-        progress("measuring the cost curve", r, rounds + 1)
+        progress("measuring the cost curve", r, rounds + 2)
         for n in sizes:
-            t0 = time.perf_counter()
-            ctx.extend(filler[n_context:n_context + n], n_outputs=n)
-            ctx.synchronize()
-            dt = time.perf_counter() - t0
-            ctx.truncate(n_context)
-            times[n].append(dt)
+            times[n].append(time_batch(ctx, filler, n_context, n))
     ctx.clear()
-    measured = [statistics.median(times[n][1:]) for n in sizes]
-    # A batch of n never costs more than one of n+1 (padding it would do), so where noise says
-    # otherwise the larger batch's time is the better estimate.
-    for i in range(len(measured) - 2, -1, -1):
-        measured[i] = min(measured[i], measured[i + 1])
+    measured = non_decreasing([statistics.median(times[n][1:]) for n in sizes])
     seconds = [float(x) for x in np.interp(range(1, max_batch + 1), sizes, measured)]
+    progress("measuring the cost curve", rounds, rounds + 2)
+    per_context = measure_per_context(ctx, max_batch, n_context, repeats)
+    progress("measuring the cost curve", rounds + 1, rounds + 2)
     discrepancy = measure_discrepancy(ctx, max_batch)
-    progress("measuring the cost curve", rounds + 1, rounds + 1)
-    return CostCurve(seconds, n_context, *discrepancy)
+    progress("measuring the cost curve", rounds + 2, rounds + 2)
+    return CostCurve(seconds, n_context, *discrepancy, per_context)
+
+
+def time_batch(ctx: Context, filler: list[int], n_past: int, n: int) -> float:
+    """Seconds for one forward of n tokens after the first n_past of `filler` (which the
+    context holds, and holds again after), all rows output, until the backend has finished."""
+    t0 = time.perf_counter()
+    ctx.extend(filler[n_past:n_past + n], n_outputs=n)
+    ctx.synchronize()
+    dt = time.perf_counter() - t0
+    ctx.truncate(n_past)
+    return dt
+
+
+def non_decreasing(seconds: list[float]) -> list[float]:
+    """A batch of n never costs more than one of n+1 (padding it would do), so where noise
+    says otherwise the larger batch's time is the better estimate."""
+    out = list(seconds)
+    for i in range(len(out) - 2, -1, -1):
+        out[i] = min(out[i], out[i + 1])
+    return out
+
+
+def measure_per_context(ctx: Context, max_batch: int, n_context: int,
+                        repeats: int) -> tuple[float, ...]:
+    """What a token of context adds to a batch of n: batches of 1, 2, 4, ... timed after
+    n_context tokens, then after LONG_CONTEXT (or as many as the context holds), then after
+    n_context again, interpolated between sizes. This machine's speed drifts by 10% from one
+    minute to the next, more than what context adds to a small batch: the long times are held
+    against the mean of the short ones on either side, which cancels a steady drift, with one
+    prompt's worth of decoding (the long context) in all. Empty when the context is too small
+    to tell."""
+    n_long = long_context(ctx, max_batch, n_context)
+    if not n_long:
+        return ()
+    sizes = [n for n in (1, 2, 4, 8, 16, 32, 64) if n < max_batch] + [max_batch]
+    filler = filler_tokens(ctx, n_long + max_batch)
+    rounds = max(2, repeats // 2)
+
+    def phase(n_past: int) -> list[float]:
+        """Median seconds per size after n_past tokens, sizes interleaved within each round."""
+        ctx.truncate(min(n_past, len(ctx.tokens)))
+        ctx.extend(filler[len(ctx.tokens):n_past])
+        times = [[time_batch(ctx, filler, n_past, n) for n in sizes] for _ in range(rounds)]
+        return [statistics.median(t) for t in zip(*times)]
+
+    ctx.clear()
+    before, long, after = phase(n_context), phase(n_long), phase(n_context)
+    ctx.clear()
+    slope = [max(0.0, (t - (b + a) / 2) / (n_long - n_context)) for b, t, a in zip(before, long, after)]
+    return tuple(float(x) for x in np.interp(range(1, max_batch + 1), sizes, slope))
+
+
+def long_context(ctx: Context, max_batch: int, n_context: int = 256) -> int:
+    """Where what context adds is measured in this context, 0 if it holds too little to tell."""
+    n_long = min(LONG_CONTEXT, ctx.n_ctx - max_batch)
+    return n_long if n_long >= n_context + 512 else 0
 
 
 def measure_discrepancy(ctx: Context, max_batch: int = 12, contexts=(64, 320)) -> tuple[float, int]:
@@ -105,6 +170,8 @@ def measure_discrepancy(ctx: Context, max_batch: int = 12, contexts=(64, 320)) -
     token's work across threads once the cache passes 256 cells (docs/benchmarks.md, kernel
     settings)."""
     sizes = [n for n in batch_sizes(max_batch) if n >= 2]
+    # A small context (--ctx 256) holds less than the longer one: as much as it holds.
+    contexts = sorted({max(0, min(n, ctx.n_ctx - max_batch)) for n in contexts})
     worst_by_size = [max(d) for d in zip(*(batch_discrepancy(ctx, n, sizes) for n in contexts))]
     exact = next((n - 1 for n, w in zip(sizes, worst_by_size) if w > 0), max_batch)
     return max(worst_by_size), min(exact, 16)
@@ -132,7 +199,7 @@ def batch_discrepancy(ctx: Context, n_context: int, sizes: list[int]) -> list[fl
 
 def cache_key(ctx: Context) -> str:
     st = ctx.model.path.stat()
-    parts = ["v4", str(ctx.model.path.resolve()), str(st.st_size), str(st.st_mtime_ns), ll.__version__,
+    parts = ["v5", str(ctx.model.path.resolve()), str(st.st_size), str(st.st_mtime_ns), ll.__version__,
              _native.system_info(), str(ctx.config.n_threads), ctx.config.flash_attn,
              ctx.config.kv_type, str(ctx.model.repack), str(ctx.model.n_gpu_layers),
              *ctx.model.rpc]  # over a network, the link shapes the curve
@@ -149,8 +216,11 @@ def cost_curve(ctx: Context, max_batch: int = MAX_BATCH, refresh: bool = False, 
     path = cache_path(ctx)
     if path.exists() and not refresh:
         data = json.loads(path.read_text())
-        if len(data["seconds"]) >= max_batch:
-            return CostCurve(data["seconds"], data["n_context"], data["discrepancy"], data["exact_batch"])
+        # A curve measured in a small context (--ctx 256) lacks what context adds: a larger
+        # context measures it again, once.
+        if len(data["seconds"]) >= max_batch and (data.get("per_context") or not long_context(ctx, max_batch)):
+            return CostCurve(data["seconds"], data["n_context"], data["discrepancy"], data["exact_batch"],
+                             tuple(data.get("per_context", ())))
     curve = measure(ctx, max_batch, repeats=repeats, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = asdict(curve) | {"model": str(ctx.model.path), "llama_cpp": ll.__version__}
