@@ -1,10 +1,13 @@
 """Where `auto` gains and loses against plain decoding, by what chose each iteration: Cascade's
 baseline, its trials (by drafter), its set phases (by drafter, or plain) and the free drafter's
 "sure" iterations. Each iteration's cost is its seconds less what plain decoding spent on as
-many tokens of the same prompt (plain runs beside it, in the same process); a negative sum
-is time saved.
+many tokens of the same prompt (plain runs beside it, every configuration on each prompt in
+turn, as the bench runs them); a negative sum is time saved.
 
-    .venv/bin/python scripts/auto_phases.py humaneval-warm 8 [auto-spec ...]
+    .venv/bin/python scripts/auto_phases.py humaneval-warm 8 auto 'auto:suffix+draft+jakiro|max_skip_explored=15'
+
+A spec may end in |FIELD=VALUE,... : CascadeConfig fields for that controller (two `auto`
+controllers side by side need different specs: name the members in one).
 """
 
 import collections
@@ -12,36 +15,52 @@ import sys
 from dataclasses import replace
 
 from localspec import paths
-from localspec.bench import workloads
-from localspec.bench.runner import run_bench, warm_documents
-from localspec.drafters.spec import NONE, DrafterSpec
+from localspec.bench import runner, workloads
+from localspec.drafters.spec import DrafterSpec
 from localspec.engine import Engine, EngineConfig
 from localspec.sampling import SamplingConfig
 
 workload, limit = sys.argv[1], int(sys.argv[2])
-specs = [DrafterSpec.parse(s) for s in sys.argv[3:]] or [DrafterSpec("auto")]
 prompts, warm = workloads.load_warm(workload, limit)
 engine = Engine(replace(EngineConfig(model="qwen2.5-coder-1.5b-instruct", threads=2), store=":memory:"))
-for spec in specs:
-    engine.controller(spec)
-docs = warm_documents(engine, warm, 256, paths.cache_dir() / "bench" / "answers.json") if warm.prompts or warm.texts else []
-for spec in specs:
-    trace: list = []
-    configs = run_bench(engine, prompts, [NONE, spec], 256, SamplingConfig(), traced=spec, trace=trace, warm=docs)
-    plain, auto = configs[0], configs[1]
+specs = []
+for arg in sys.argv[3:] or ["auto"]:
+    text, _, overrides = arg.partition("|")
+    spec = DrafterSpec.parse(text)
+    controller = engine.controller(spec)
+    for pair in filter(None, overrides.split(",")):
+        key, value = pair.split("=")
+        controller.cascade.cfg = replace(controller.cascade.cfg, **{key: type(getattr(controller.cascade.cfg, key))(value)})
+    specs.append((arg, spec))
+docs = runner.warm_documents(engine, warm, 256, paths.cache_dir() / "bench" / "answers.json") \
+    if warm.prompts or warm.texts else []
+
+runs: dict = collections.defaultdict(list)  # spec -> [(iterations, Run)] per turn
+run_ours = runner.run_ours
+
+
+def traced(engine, tokens, spec, max_tokens, sampling, on_iteration=None):
+    its: list = []
+    out = run_ours(engine, tokens, spec, max_tokens, sampling, its.append)
+    runs[spec].append((its, out[1]))
+    return out
+
+
+runner.run_ours = traced
+configs = runner.run_bench(engine, prompts, [s for _, s in specs], 256, SamplingConfig(), warm=docs)
+plain = configs[0]
+for (arg, spec), config in zip(specs, configs[1:]):
     loss: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0, 0.0])  # iterations, tokens, s
-    for run, its in zip(plain.runs, trace):
-        per_token = run.seconds / max(run.n_timed, 1)
+    for (_, plain_run), (its, _) in zip(runs[configs[0].spec], runs[spec]):
+        per_token = plain_run.seconds / max(plain_run.n_timed, 1)
         for it in its:
             if it.arm == "prompt":
                 continue
-            kind = it.phase.split()[0] if it.phase else "?"
-            key = f"{kind:5s} {it.arm.split('@')[0]}"
-            row = loss[key]
+            row = loss[f"{it.phase.split()[0] if it.phase else '?':5s} {it.arm.split('@')[0]}"]
             row[0] += 1
             row[1] += len(it.tokens)
             row[2] += it.seconds - len(it.tokens) * per_token
-    print(f"\n{spec.label} on {workload} × {len(prompts)}: {auto.tokens_per_s / plain.tokens_per_s:.3f}× plain "
+    print(f"\n{arg} on {workload} × {len(prompts)}: {config.tokens_per_s / plain.tokens_per_s:.3f}× plain "
           f"({plain.tokens_per_s:.2f} tok/s plain, {plain.total('seconds'):.1f} s)")
     print(f"{'phase arm':20s} {'iters':>6s} {'tokens':>7s} {'s lost':>7s}")
     for key, (n, t, s) in sorted(loss.items(), key=lambda kv: -kv[1][2]):

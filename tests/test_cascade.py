@@ -136,9 +136,17 @@ def test_a_drafter_predicted_not_to_pay_is_tried_rarely():
     trials until its back-off is long; then it is explored again."""
     cascade = Cascade(["good", "slow"], predict_k=lambda d: 0 if d == "slow" else 2)
     arms = simulate(cascade, lambda arm, i: 1.5 if arm[0] == "good" else 0.3, 1500)
-    trials = {row.span for row, a in zip(cascade.trace, arms) if a[0] == "slow"}
+    trials = sorted({row.span for row, a in zip(cascade.trace, arms) if a[0] == "slow"})
     phases = len({row.span for row in cascade.trace if row.phase == "set"})
     assert phases > 50 and 1 <= len(trials) <= 1 + phases // 16
+    # A trial that loses as predicted backs off further each time, past the usual cap.
+    cascade = Cascade(["good", "slow"], predict_k=lambda d: 0 if d == "slow" else 2)
+    arms = simulate(cascade, lambda arm, i: 1.5 if arm[0] == "good" else 0.3, 6000)
+    trials = sorted({row.span for row, a in zip(cascade.trace, arms) if a[0] == "slow"})
+    between = [len({r.span for r in cascade.trace if r.phase == "set" and a < r.span < b})
+               for a, b in zip(trials, trials[1:])]
+    assert len(between) >= 2 and between[0] > CascadeConfig().max_skip
+    assert all(later > 1.5 * earlier for earlier, later in zip(between, between[1:]))
 
 
 def test_starts_from_the_predicted_k():

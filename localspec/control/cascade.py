@@ -16,7 +16,9 @@ carries over, so the climb goes on across test phases. A drafter whose trials st
 below 1 (by more than `converge`) sits out 1, 3, 7, ... test phases (its own back-off), and
 a drafter for which the cost curve predicts no paying K (predict_k = 0: its drafting and
 catching-up time outweigh what its acceptance can gain) loses without a trial until its
-back-off is long, so a drafter that never pays costs almost nothing to keep in the set.
+back-off is long; a trial then (exploring: the prediction may rest on a prior) that loses as
+predicted keeps doubling the back-off past the usual cap, so a drafter that never pays costs
+almost nothing to keep in the set.
 A drafter that drafts for free (prompt lookup) is also watched while plain decoding runs:
 the caller reports what its proposals would have emitted and cost (`shadow`), and once they
 clearly pay the plain set phase ends and the drafter is back in the next test phase (an
@@ -45,6 +47,7 @@ class CascadeConfig:
     converge: float = 0.10   # neighbouring utilities this close: stop climbing
     max_skip: int = 15       # test phases a losing drafter sits out at most
     explore_after: int = 4   # losses after which a drafter predicted not to pay is tried anyway
+    max_skip_explored: int = 255  # ... and sits out at most, when that trial lost too
 
 
 @dataclass
@@ -146,17 +149,21 @@ class Cascade:
     def _test(self) -> Generator[Arm, tuple, Arm]:
         cfg = self.cfg
         tried: dict[Arm, float] = {}
-        candidates = []
+        candidates, explored = [], set()
         for d in self.drafters:
             m = self.memory[d]
             if m.skip:
                 m.skip -= 1
-            elif self.predict_k(d) == 0 and m.losses < cfg.explore_after:
+                continue
+            predicted = self.predict_k(d) > 0
+            if not predicted and m.losses < cfg.explore_after:
                 # The cost curve says no K pays: a loss without a trial (a slow draft model
                 # would cost more than it gains).
                 self._lose(m)
-            else:
-                candidates.append(d)
+                continue
+            candidates.append(d)
+            if not predicted:
+                explored.add(d)
         # The most promising first: if there are more drafters than trials, the rest wait.
         candidates.sort(key=lambda d: -max(self.memory[d].utility.values(), default=float("inf")))
         candidates = candidates[:cfg.max_trials]
@@ -173,7 +180,7 @@ class Cascade:
             # Only a clear loss sits the drafter out: four iterations cannot tell 0.95 from
             # 1.05, and a drafter that nearly pays is worth another trial next phase.
             if max(u for (dd, _), u in tried.items() if dd == d) < 1.0 - cfg.converge:
-                self._lose(m)
+                self._lose(m, cfg.max_skip_explored if d in explored else cfg.max_skip)
             else:
                 m.losses = 0
         if not tried:  # every drafter is sitting out
@@ -196,9 +203,9 @@ class Cascade:
                 return True
         return False
 
-    def _lose(self, m: _DrafterMemory) -> None:
+    def _lose(self, m: _DrafterMemory, max_skip: int | None = None) -> None:
         m.losses += 1
-        m.skip = min(2 ** m.losses - 1, self.cfg.max_skip)
+        m.skip = min(2 ** m.losses - 1, max_skip or self.cfg.max_skip)
 
     def _trial(self, arm: Arm) -> Generator[Arm, tuple, float]:
         u = yield from self._iterations(arm, self.cfg.trial, "test")
