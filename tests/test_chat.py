@@ -77,6 +77,23 @@ def run(coro):
     return asyncio.run(coro)
 
 
+def test_what_is_typed_while_a_model_loads_is_kept(small_path, tmp_path):
+    from tui.screens import ProgressScreen
+
+    async def go():
+        app = ChatApp(config(small_path, tmp_path))
+        async with app.run_test() as pilot:
+            await ready(pilot)
+            app.push_screen(ProgressScreen())  # as loading another model (F7) shows it
+            await pilot.pause()
+            await pilot.press(*"def f(", "backspace", "x", "ctrl+j", "#", "enter")
+            app.pop_screen()
+            await pilot.pause()
+            assert app.query_one("#prompt").text == "def fx\n#"
+            assert app.conversation is None  # Enter sent nothing while the model loaded
+    run(go())
+
+
 def test_an_answer_streams_exactly_what_the_engine_writes_and_is_kept(small_path, tmp_path):
     async def go():
         app = Recording(config(small_path, tmp_path))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -173,6 +173,20 @@ class ProgressScreen(ModalScreen):
         with Vertical(classes="dialog"):
             yield Label("", id="what", classes="title")
             yield ProgressBar(total=None, show_eta=False, id="bar")
+
+    def on_key(self, event: events.Key) -> None:
+        """What is typed meanwhile goes to the message box below, to be sent once the model
+        is ready (Enter, which would send it, waits for that)."""
+        prompt = self.app.screen_stack[0].query_one("#prompt", TextArea)
+        if event.key == "ctrl+j":
+            prompt.insert("\n")
+        elif event.key == "backspace":
+            prompt.action_delete_left()
+        elif event.is_printable and event.character:
+            prompt.insert(event.character)
+        else:
+            return
+        event.stop()
 
     def report(self, what: str, done: float, total: float) -> None:
         if not self.is_mounted:
