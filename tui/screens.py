@@ -182,7 +182,7 @@ class ProgressScreen(ModalScreen):
             prompt.insert("\n")
         elif event.key == "backspace":
             prompt.action_delete_left()
-        elif event.is_printable and event.character:
+        elif event.is_printable:
             prompt.insert(event.character)
         else:
             return

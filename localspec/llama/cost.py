@@ -48,8 +48,8 @@ class CostCurve:
         """This curve after n_context tokens of context instead of self.n_context."""
         if not self.per_context or n_context == self.n_context:
             return self
-        shift = n_context - self.n_context
-        seconds = [max(s + shift * k, 0.5 * s) for s, k in zip(self.seconds, self.per_context)]
+        s = np.asarray(self.seconds)
+        seconds = np.maximum(s + (n_context - self.n_context) * np.asarray(self.per_context), 0.5 * s)
         return replace(self, seconds=non_decreasing(seconds), n_context=n_context)
 
     def ratio(self, n: int) -> float:
@@ -116,13 +116,10 @@ def time_batch(ctx: Context, filler: list[int], n_past: int, n: int) -> float:
     return dt
 
 
-def non_decreasing(seconds: list[float]) -> list[float]:
+def non_decreasing(seconds) -> list[float]:
     """A batch of n never costs more than one of n+1 (padding it would do), so where noise
     says otherwise the larger batch's time is the better estimate."""
-    out = list(seconds)
-    for i in range(len(out) - 2, -1, -1):
-        out[i] = min(out[i], out[i + 1])
-    return out
+    return np.minimum.accumulate(np.asarray(seconds, dtype=float)[::-1])[::-1].tolist()
 
 
 def measure_per_context(ctx: Context, max_batch: int, n_context: int,
