@@ -5,6 +5,8 @@ many tokens of the same prompt (plain runs beside it, every configuration on eac
 turn, as the bench runs them); a negative sum is time saved.
 
     .venv/bin/python scripts/auto_phases.py humaneval-warm 8 auto 'auto:suffix+draft+jakiro|max_skip_explored=15'
+    .venv/bin/python scripts/auto_phases.py --max-tokens 128 humaneval-warm 8 suffix auto
+
 
 A spec may end in |FIELD=VALUE,... : CascadeConfig fields for that controller (two `auto`
 controllers side by side need different specs: name the members in one).
@@ -20,11 +22,15 @@ from localspec.drafters.spec import DrafterSpec
 from localspec.engine import Engine, EngineConfig
 from localspec.sampling import SamplingConfig
 
-workload, limit = sys.argv[1], int(sys.argv[2])
+args = sys.argv[1:]
+max_tokens = 256  # per answer, warm answers included
+if args[:1] == ["--max-tokens"]:
+    max_tokens, args = int(args[1]), args[2:]
+workload, limit = args[0], int(args[1])
 prompts, warm = workloads.load_warm(workload, limit)
 engine = Engine(replace(EngineConfig(model="qwen2.5-coder-1.5b-instruct", threads=2), store=":memory:"))
 specs = []
-for arg in sys.argv[3:] or ["auto"]:
+for arg in args[2:] or ["auto"]:
     text, _, overrides = arg.partition("|")
     spec = DrafterSpec.parse(text)
     controller = engine.controller(spec)
@@ -32,7 +38,7 @@ for arg in sys.argv[3:] or ["auto"]:
         key, value = pair.split("=")
         controller.cascade.cfg = replace(controller.cascade.cfg, **{key: type(getattr(controller.cascade.cfg, key))(value)})
     specs.append((arg, spec))
-docs = runner.warm_documents(engine, warm, 256, paths.cache_dir() / "bench" / "answers.json") \
+docs = runner.warm_documents(engine, warm, max_tokens, paths.cache_dir() / "bench" / "answers.json") \
     if warm.prompts or warm.texts else []
 
 runs: dict = collections.defaultdict(list)  # spec -> [(iterations, Run)] per turn
@@ -47,7 +53,7 @@ def traced(engine, tokens, spec, max_tokens, sampling, on_iteration=None):
 
 
 runner.run_ours = traced
-configs = runner.run_bench(engine, prompts, [s for _, s in specs], 256, SamplingConfig(), warm=docs)
+configs = runner.run_bench(engine, prompts, [s for _, s in specs], max_tokens, SamplingConfig(), warm=docs)
 plain = configs[0]
 for (arg, spec), config in zip(specs, configs[1:]):
     loss: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0, 0.0])  # iterations, tokens, s
