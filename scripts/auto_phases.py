@@ -4,7 +4,7 @@ baseline, its trials (by drafter), its set phases (by drafter, or plain) and the
 many tokens of the same prompt (plain runs beside it, every configuration on each prompt in
 turn, as the bench runs them); a negative sum is time saved.
 
-    .venv/bin/python scripts/auto_phases.py humaneval-warm 8 auto 'auto:suffix+draft+jakiro|max_skip_explored=15'
+    .venv/bin/python scripts/auto_phases.py humaneval-warm 8 auto 'auto:suffix+draft+jakiro|explore_share=inf'
     .venv/bin/python scripts/auto_phases.py --max-tokens 128 humaneval-warm 8 suffix auto
 
 

@@ -16,9 +16,10 @@ carries over, so the climb goes on across test phases. A drafter whose trials st
 below 1 (by more than `converge`) sits out 1, 3, 7, ... test phases (its own back-off), and
 a drafter for which the cost curve predicts no paying K (predict_k = 0: its drafting and
 catching-up time outweigh what its acceptance can gain) loses without a trial until its
-back-off is long; a trial then (exploring: the prediction may rest on a prior) that loses as
-predicted keeps doubling the back-off past the usual cap, so a drafter that never pays costs
-almost nothing to keep in the set.
+back-off is long; it is then explored (the prediction may rest on a prior) only while the
+seconds such trials were predicted to lose (`trial_cost`) stay within `explore_share` of the
+seconds decoded, so a drafter that never pays costs a bounded share of the time to keep in
+the set, however short the answers.
 A drafter that drafts for free (prompt lookup) is also watched while plain decoding runs:
 the caller reports what its proposals would have emitted and cost (`shadow`), and once they
 clearly pay the plain set phase ends and the drafter is back in the next test phase (an
@@ -46,8 +47,8 @@ class CascadeConfig:
     ladder: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)  # the Ks hill-climbing steps through
     converge: float = 0.10   # neighbouring utilities this close: stop climbing
     max_skip: int = 15       # test phases a losing drafter sits out at most
-    explore_after: int = 4   # losses after which a drafter predicted not to pay is tried anyway
-    max_skip_explored: int = 255  # ... and sits out at most, when that trial lost too
+    explore_after: int = 4   # losses after which a drafter predicted not to pay is tried anyway,
+    explore_share: float = 0.02  # ... while such trials cost at most this share of the time
 
 
 @dataclass
@@ -69,11 +70,14 @@ class _DrafterMemory:
 
 class Cascade:
     def __init__(self, drafters: Iterable[str], cfg: CascadeConfig = CascadeConfig(),
-                 predict_k: Callable[[str], int] | None = None):
+                 predict_k: Callable[[str], int] | None = None,
+                 trial_cost: Callable[[str], float] | None = None):
         self.drafters = list(drafters)
         self.cfg = cfg
         self.predict_k = predict_k or (lambda d: cfg.ladder[0])
+        self.trial_cost = trial_cost or (lambda d: 0.0)  # seconds a trial loses against plain
         self.memory = {d: _DrafterMemory() for d in self.drafters}
+        self.decoded = self.explored = 0.0  # seconds recorded, and predicted lost exploring
         self.new_request()
 
     # --- the caller's side -------------------------------------------------------------------
@@ -112,6 +116,7 @@ class Cascade:
     def record(self, tokens: int, seconds: float) -> None:
         """The iteration run with `next_arm()` emitted `tokens` in `seconds`."""
         self.iteration += 1
+        self.decoded += seconds
         self.trace.append(TraceRow(self._phase, self._span, self.arm, tokens, seconds, float("nan")))
         self.arm = self._plan.send((tokens, seconds))
 
@@ -149,21 +154,21 @@ class Cascade:
     def _test(self) -> Generator[Arm, tuple, Arm]:
         cfg = self.cfg
         tried: dict[Arm, float] = {}
-        candidates, explored = [], set()
+        candidates = []
         for d in self.drafters:
             m = self.memory[d]
             if m.skip:
                 m.skip -= 1
                 continue
-            predicted = self.predict_k(d) > 0
-            if not predicted and m.losses < cfg.explore_after:
+            if self.predict_k(d) == 0:
                 # The cost curve says no K pays: a loss without a trial (a slow draft model
-                # would cost more than it gains).
-                self._lose(m)
-                continue
+                # would cost more than it gains), unless it is time to explore.
+                if m.losses < cfg.explore_after or \
+                        self.explored + (cost := self.trial_cost(d)) > cfg.explore_share * self.decoded:
+                    self._lose(m)
+                    continue
+                self.explored += cost
             candidates.append(d)
-            if not predicted:
-                explored.add(d)
         # The most promising first: if there are more drafters than trials, the rest wait.
         candidates.sort(key=lambda d: -max(self.memory[d].utility.values(), default=float("inf")))
         candidates = candidates[:cfg.max_trials]
@@ -180,7 +185,7 @@ class Cascade:
             # Only a clear loss sits the drafter out: four iterations cannot tell 0.95 from
             # 1.05, and a drafter that nearly pays is worth another trial next phase.
             if max(u for (dd, _), u in tried.items() if dd == d) < 1.0 - cfg.converge:
-                self._lose(m, cfg.max_skip_explored if d in explored else cfg.max_skip)
+                self._lose(m)
             else:
                 m.losses = 0
         if not tried:  # every drafter is sitting out
@@ -203,9 +208,9 @@ class Cascade:
                 return True
         return False
 
-    def _lose(self, m: _DrafterMemory, max_skip: int | None = None) -> None:
+    def _lose(self, m: _DrafterMemory) -> None:
         m.losses += 1
-        m.skip = min(2 ** m.losses - 1, max_skip or self.cfg.max_skip)
+        m.skip = min(2 ** m.losses - 1, self.cfg.max_skip)
 
     def _trial(self, arm: Arm) -> Generator[Arm, tuple, float]:
         u = yield from self._iterations(arm, self.cfg.trial, "test")

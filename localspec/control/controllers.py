@@ -69,7 +69,7 @@ class CascadeController:
         self.acceptance = {d: DecayingRatio(prior=0.5, decay=1.0) for d in members}
         self._context: list[int] = []
         self._curve = curve  # at the context of the iteration being chosen
-        self.cascade = Cascade(members, cfg, self.predict_k)
+        self.cascade = Cascade(members, cfg, self.predict_k, self.trial_cost)
         self.watched = [name for name, d in members.items() if d.free]
         # (drafter, context length, proposal, its verification's cost in plain forwards)
         self._shadows: list[tuple[str, int, DraftTree, float]] = []
@@ -139,14 +139,28 @@ class CascadeController:
         (1 + a + ... + a^K) / (cost(1 + K) + K t + c / trial), against 1 / cost(1) for plain
         decoding; 0 when no K beats plain. A drafter that drafts for free (prompt lookup) is
         never predicted out: its trials judge it."""
+        ks, gain, cost, free = self._trial_terms(name)
+        rate = gain / cost
+        best = int(np.argmax(rate))
+        if rate[best] * self._curve.cost(1) >= 1.0 or free:
+            return int(ks[best])
+        return 0
+
+    def trial_cost(self, name: str) -> float:
+        """The seconds a trial of this drafter at its starting K is expected to lose against
+        plain decoding (catching up included), by the same terms as predict_k."""
+        ks, gain, cost, _ = self._trial_terms(name)
+        i = min(self.cascade.k_start(name), len(ks)) - 1
+        trial = self.cascade.cfg.trial
+        return max(0.0, trial * (cost[i] - gain[i] * self._curve.cost(1)))
+
+    def _trial_terms(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+        """For K = 1, 2, ...: the tokens an iteration is expected to emit and its seconds
+        (a trial's catch-up spread over its iterations); and whether the drafter is free."""
         curve = self._curve
         t, c = self.members[name].drafting_seconds(self._context, curve.cost(1))
         a = min(0.99, self.acceptance[name].value)
         ks = np.arange(1, len(curve.seconds))
         gain = (1 - a ** (ks + 1)) / (1 - a)  # 1 + a + ... + a^K
         cost = np.array([curve.cost(1 + k) for k in ks]) + ks * t + c / self.cascade.cfg.trial
-        rate = gain / cost
-        best = int(np.argmax(rate))
-        if rate[best] * curve.cost(1) >= 1.0 or (t == 0 and c == 0):
-            return int(ks[best])
-        return 0
+        return ks, gain, cost, t == 0 and c == 0
