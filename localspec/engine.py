@@ -26,7 +26,7 @@ from localspec.drafters.suffix import SuffixDrafter, SuffixStore, store_dir
 from localspec.errors import LocalspecError
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig, common_prefix
-from localspec.llama.cost import CostCurve, cost_curve
+from localspec.llama.cost import CostCurve, LiveCurve, cost_curve
 from localspec.llama.model import LogHandler, set_log_handler
 from localspec.llama.text import chat_tokens, complete_utf8_prefix
 from localspec.loop import Controller, Iteration, Stats, run
@@ -128,7 +128,7 @@ class Engine:
         self.slots = [Context(self.model, config) for _ in range(max(1, cfg.slots))]
         self.ctx = self.slots[0]  # the slot the last request ran in
         self._used = [0.0] * len(self.slots)
-        self._curve: CostCurve | None = None
+        self._curve: CostCurve | LiveCurve | None = None
         self._drafters: dict[DrafterSpec, Drafter] = {}
         self._controllers: dict[DrafterSpec, Controller] = {}
         # What drafters share, loaded once: draft model contexts, Jakiro runtimes, heads.
@@ -148,12 +148,15 @@ class Engine:
     # --- what the engine holds ---------------------------------------------------------------
 
     @property
-    def curve(self) -> CostCurve:
+    def curve(self) -> CostCurve | LiveCurve:
+        """The cost curve, measured once per model and machine, then corrected by what this
+        engine's forwards cost (flat_cost: a curve held flat, as tests want it)."""
         if self._curve is None:
             curve = cost_curve(self.ctx, progress=self.progress)
             if self.cfg.flat_cost:
-                curve = replace(curve, seconds=[curve.seconds[0]] * len(curve.seconds), per_context=())
-            self._curve = curve
+                self._curve = replace(curve, seconds=[curve.seconds[0]] * len(curve.seconds), per_context=())
+            else:
+                self._curve = LiveCurve(curve)
         return self._curve
 
     def _load(self, path: Path, repack: bool = True, rpc: tuple[str, ...] = ()) -> Model:
@@ -374,7 +377,8 @@ class Engine:
         if not request.cache:
             ctx.clear()
         steps = run(ctx, controller, tokens, request.sampling, request.max_tokens, stats,
-                    tie_bound, max_batch, stop_at_eog=not request.ignore_eog, progress=self._reading)
+                    tie_bound, max_batch, stop_at_eog=not request.ignore_eog, progress=self._reading,
+                    on_forward=getattr(self.curve, "observe", None))
         try:
             while reason is None:
                 if cancel is not None and cancel.is_set():  # seen before the next iteration

@@ -101,14 +101,16 @@ class Iteration:
 def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: SamplingConfig,
         max_tokens: int, stats: Stats | None = None, tie_bound: float = 0.0,
         max_batch: int | None = None, stop_at_eog: bool = True,
-        progress: Callable[[int, int], None] | None = None) -> Iterator[Iteration]:
+        progress: Callable[[int, int], None] | None = None,
+        on_forward: Callable[[int, int, float], None] | None = None) -> Iterator[Iteration]:
     """Generate up to `max_tokens` after `prompt`, an iteration at a time; stops after an
     end-of-generation token (which is emitted) unless stop_at_eog is off. With tie_bound > 0
     (strict, greedy) a position whose top-two gap in the batched logits is below it is
     decided by a single-token forward, as plain decoding would; `max_batch` caps every target
     forward (strict: the largest batch that reproduces single-token decoding). `progress`
-    hears how much of a long prompt is decoded. Closing the generator between iterations
-    leaves the KV cache holding exactly ctx.tokens."""
+    hears how much of a long prompt is decoded, `on_forward` what each verification forward
+    cost (its batch size, the context before it, seconds: LiveCurve.observe). Closing the
+    generator between iterations leaves the KV cache holding exactly ctx.tokens."""
     t0 = time.perf_counter()
     stats = stats if stats is not None else Stats()
     prompt = list(prompt)
@@ -148,7 +150,10 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
             drafter, budget, proposal = choice[0], choice[1].within(room), choice[2]
             tree = budget.size(proposal if proposal is not None else drafter.propose(context, budget))
         n_past = len(ctx.tokens)
+        t_forward = time.perf_counter()
         verdict = verify_tree(ctx, tree, pending, sampler, tie_bound, all_pending_rows=bool(followers))
+        if on_forward:
+            on_forward(len(pending) + len(tree), n_past, time.perf_counter() - t_forward)
         if followers:  # the pending rows, then the accepted nodes the cache kept
             commit(n_past, list(range(len(pending) + verdict.n_cached)))
         if drafter is not None:

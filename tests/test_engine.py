@@ -245,3 +245,28 @@ def test_cost_curve_at_another_context():
     budget = Budget(curve, 8)
     assert len(budget.size(chain)) == 3
     assert len(budget.at(20000).size(chain)) < 3
+
+
+def test_a_live_curve_learns_what_forwards_cost():
+    """A curve measured while the cores were busy (one token 40 ms, a batch of 2 1.4 of
+    them), then forwards that cost 33 and 59 ms: the live curve follows the forwards, slowly
+    while they are few, and sizes not yet seen take their neighbours' correction."""
+    from localspec.drafters.base import Budget
+    from localspec.llama.cost import LiveCurve
+    from localspec.verify import DraftTree
+
+    measured = CostCurve([0.040, 0.056, 0.072, 0.088], 256, per_context=(1e-5, 2e-5, 3e-5, 4e-5))
+    live = LiveCurve(measured)
+    assert live.at(1256) == measured.at(1256) and live.exact_batch == measured.exact_batch
+    chain = DraftTree(np.arange(1), np.array([-1]), np.array([0.6]))
+    assert len(Budget(live, 8).at(256).size(chain)) == 1  # 1.6 tokens for 1.4: pays, says the curve
+    live.observe(1, 256, 0.033)
+    assert 0.033 < live.at(256).cost(1) < 0.040  # one forward moves it a little
+    for _ in range(60):
+        live.observe(1, 256, 0.033)
+        live.observe(2, 1256, 0.059 + 1000 * 2e-5)  # after 1,256 tokens: the same correction
+    curve = live.at(256)
+    assert curve.cost(1) == pytest.approx(0.033, rel=0.03)
+    assert curve.ratio(2) == pytest.approx(59 / 33, rel=0.05)
+    assert curve.cost(4) == pytest.approx(0.088 * 59 / 56, rel=0.05)  # as its neighbour
+    assert len(Budget(live, 8).at(256).size(chain)) == 0  # 1.6 tokens for 1.8: it does not

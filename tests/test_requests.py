@@ -138,6 +138,18 @@ def test_stop_strings_split_across_tokens_never_appear(smol):
     assert "".join(d.text for d in deltas) == done.text
 
 
+def test_every_verification_forward_reaches_the_live_cost_curve(small_path):
+    engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=2, drafter=DrafterSpec("lookup")))
+    try:
+        assert not engine.curve.count.any()
+        *_, done = engine.generate(Request(prompt="def fibonacci(n):\n", sampling=GREEDY, max_tokens=48))
+        # One per iteration: the prompt's forwards are not verifications.
+        assert engine.curve.count.sum() == done.stats.forwards > 0
+        assert engine.curve.factors()[0] != 1.0
+    finally:
+        engine.close()
+
+
 @settings(max_examples=300, deadline=None)
 @given(text=st.text(alphabet="ab \n.é🙂", min_size=1, max_size=40), data=st.data())
 def test_text_stream_gives_everything_before_the_first_stop(small_model, text, data):

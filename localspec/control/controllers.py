@@ -158,7 +158,7 @@ class CascadeController:
         """For K = 1, 2, ...: the tokens an iteration is expected to emit and its seconds
         (a trial's catch-up spread over its iterations); and whether the drafter is free."""
         curve = self._curve
-        t, c = self.members[name].drafting_seconds(self._context, curve.cost(1))
+        t, c = self.members[name].drafting_seconds(self._context, curve)
         a = min(0.99, self.acceptance[name].value)
         ks = np.arange(1, len(curve.seconds))
         gain = (1 - a ** (ks + 1)) / (1 - a)  # 1 + a + ... + a^K

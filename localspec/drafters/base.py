@@ -112,9 +112,9 @@ class Drafter:
         """The target just decoded context positions first_pos, first_pos + 1, ... at these
         batch rows of its last decode; anything known of later positions is stale."""
 
-    def drafting_seconds(self, context: list[int], t_target: float) -> tuple[float, float]:
+    def drafting_seconds(self, context: list[int], curve: CostCurve) -> tuple[float, float]:
         """(seconds per drafted token, seconds to catch up with `context` first): what Cascade
-        weighs against what the drafter may gain. t_target: one target forward."""
+        weighs against what the drafter may gain. curve: the target's, at this context."""
         return 0.0, 0.0
 
     def close(self) -> None:

@@ -19,6 +19,7 @@ from localspec.drafters.acceptance_head import HEAD_SAMPLING, AcceptanceHead
 from localspec.drafters.base import Budget, DecayingRatio, Drafter, rerank
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig, common_prefix
+from localspec.llama.cost import CostCurve
 from localspec.errors import LocalspecError
 from localspec.sampling import SamplingConfig, TokenSampler
 from localspec.verify import DraftTree, Verdict
@@ -131,12 +132,16 @@ class DraftModelDrafter(Drafter):
         tree.reach = np.minimum(1.0, tree.reach * scale)
         return tree
 
-    def drafting_seconds(self, context: list[int], t_target: float) -> tuple[float, float]:
+    def drafting_seconds(self, context: list[int], curve: CostCurve) -> tuple[float, float]:
         """(seconds per drafted token, seconds to catch up with `context` first), measured or,
-        before that, estimated from the target's forward time t_target."""
-        t = self.t_token or t_target * self.size_ratio
+        before that, estimated from the target's cost curve: a drafted token as a target
+        forward times the share of its weights, a token caught up as a drafted one times
+        what a token of the target's widest batch costs against a single token (a GPU
+        prefills nearly for free; two CPU cores at about 0.4 of a decoded token)."""
+        t = self.t_token or curve.cost(1) * self.size_ratio
+        wide = len(curve.seconds)
         behind = len(context) - common_prefix(self.ctx.tokens, context)
-        return t, behind * (self.t_prefill_token or t / 10)
+        return t, behind * (self.t_prefill_token or t * curve.cost(wide) / wide / curve.cost(1))
 
     def _pick(self, logits: np.ndarray, k: int) -> tuple[list[int], np.ndarray, np.ndarray]:
         """k children: the k best (deterministic) or k draws (sampled); and the distribution."""

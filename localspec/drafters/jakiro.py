@@ -14,6 +14,7 @@ from localspec.drafters.files import check_target, read_config
 from localspec.drafters.jakiro_config import JakiroConfig
 from localspec.errors import LocalspecError
 from localspec.llama.context import common_prefix
+from localspec.llama.cost import CostCurve
 from localspec.llama.model import Model
 from localspec.sampling import SamplingConfig
 from localspec.verify import DraftTree, Verdict
@@ -174,7 +175,7 @@ class JakiroDrafter(Drafter):
     def commit(self, ctx, first_pos: int, rows: list[int]) -> None:
         self.rt.commit(ctx, first_pos, rows)
 
-    def drafting_seconds(self, context: list[int], t_target: float) -> tuple[float, float]:
+    def drafting_seconds(self, context: list[int], curve: CostCurve) -> tuple[float, float]:
         """(seconds per draft forward, catch-up seconds): it follows every committed token,
         so it never has to catch up."""
         return self.t_token, 0.0

@@ -57,6 +57,68 @@ class CostCurve:
         return self.cost(n) / self.seconds[0]
 
 
+class LiveCurve:
+    """The measured curve, corrected by what the engine's forwards cost as it runs. A curve
+    measured once can be wrong for good: taken while something else loaded the cores, a
+    single token looked 25% dearer and a batch of 2 1.4 single tokens instead of 1.8, and
+    every draft was sized for a machine that was not there (docs/benchmarks.md). So each
+    verification forward is held against the curve: per batch size, a running mean of
+    log(seconds observed / seconds predicted), shrunk towards 0 while it rests on few
+    forwards, scales that size; sizes not yet seen take their seen neighbours' correction.
+    What plans with it asks `at(n_context)`, as of a CostCurve."""
+
+    def __init__(self, base: CostCurve, shrink: float = 4.0, memory: int = 50):
+        self.base = base
+        self.shrink, self.memory = shrink, memory  # forwards worth half a correction; window
+        self.log_ratio = np.zeros(len(base.seconds))
+        self.count = np.zeros(len(base.seconds))
+        self._factors: np.ndarray | None = np.ones(len(base.seconds))
+
+    def observe(self, n: int, n_context: int, seconds: float) -> None:
+        """A forward of a batch of n tokens after n_context tokens took `seconds`."""
+        i = min(n, len(self.base.seconds)) - 1
+        if i < 0 or seconds <= 0:
+            return
+        r = float(np.log(seconds / self.base.at(n_context).cost(n)))
+        self.count[i] = min(self.count[i] + 1, self.memory)
+        self.log_ratio[i] += (r - self.log_ratio[i]) / self.count[i]
+        self._factors = None
+
+    def factors(self) -> np.ndarray:
+        """Per batch size, what the measured curve's seconds are multiplied by."""
+        if self._factors is None:
+            seen = np.flatnonzero(self.count)
+            shrunk = self.log_ratio[seen] * self.count[seen] / (self.count[seen] + self.shrink)
+            self._factors = np.exp(np.interp(np.arange(len(self.count)), seen, shrunk))
+        return self._factors
+
+    def at(self, n_context: int) -> CostCurve:
+        curve = self.base.at(n_context)
+        return replace(curve, seconds=non_decreasing(np.asarray(curve.seconds) * self.factors()))
+
+    def cost(self, n: int) -> float:
+        return self.at(self.base.n_context).cost(n)
+
+    def ratio(self, n: int) -> float:
+        return self.at(self.base.n_context).ratio(n)
+
+    @property
+    def seconds(self) -> list[float]:
+        return self.at(self.base.n_context).seconds
+
+    @property
+    def n_context(self) -> int:
+        return self.base.n_context
+
+    @property
+    def discrepancy(self) -> float:
+        return self.base.discrepancy
+
+    @property
+    def exact_batch(self) -> int:
+        return self.base.exact_batch
+
+
 def filler_tokens(ctx: Context, n: int) -> list[int]:
     """Ordinary (not special) token ids spread over the vocabulary: timing and rounding do not
     depend on what the tokens say."""
