@@ -65,11 +65,15 @@ class LiveCurve:
     verification forward is held against the curve: per batch size, a running mean of
     log(seconds observed / seconds predicted), shrunk towards 0 while it rests on few
     forwards, scales that size; sizes not yet seen take their seen neighbours' correction.
-    What plans with it asks `at(n_context)`, as of a CostCurve."""
+    One forward far from the mean counts as one `step` away from it (a robust mean: a
+    consistent error is still learnt, a step at a time). What plans with it asks
+    `at(n_context)`, as of a CostCurve."""
 
-    def __init__(self, base: CostCurve, shrink: float = 4.0, memory: int = 50):
+    def __init__(self, base: CostCurve, shrink: float = 4.0, memory: int = 50, step: float = 0.3):
+        # shrink: forwards worth half a correction; memory: the running mean's window in
+        # forwards; step: the furthest one forward moves the mean, in log
         self.base = base
-        self.shrink, self.memory = shrink, memory  # forwards worth half a correction; window
+        self.shrink, self.memory, self.step = shrink, memory, step
         self.log_ratio = np.zeros(len(base.seconds))
         self.count = np.zeros(len(base.seconds))
         self._factors: np.ndarray | None = np.ones(len(base.seconds))
@@ -79,7 +83,11 @@ class LiveCurve:
         i = min(n, len(self.base.seconds)) - 1
         if i < 0 or seconds <= 0:
             return
+        # One forward may be an outlier (the first of a new batch shape allocates its graph; the
+        # machine hiccups): it moves the mean by at most `step` in log, so one slow batch cannot
+        # price its size out of the drafts that would measure it again.
         r = float(np.log(seconds / self.base.at(n_context).cost(n)))
+        r = min(max(r, self.log_ratio[i] - self.step), self.log_ratio[i] + self.step)
         self.count[i] = min(self.count[i] + 1, self.memory)
         self.log_ratio[i] += (r - self.log_ratio[i]) / self.count[i]
         self._factors = None
