@@ -270,3 +270,9 @@ def test_a_live_curve_learns_what_forwards_cost():
     assert curve.ratio(2) == pytest.approx(59 / 33, rel=0.05)
     assert curve.cost(4) == pytest.approx(0.088 * 59 / 56, rel=0.05)  # as its neighbour
     assert len(Budget(live, 8).at(256).size(chain)) == 0  # 1.6 tokens for 1.8: it does not
+    # One forward ten times slower (a new batch shape's first, a hiccup) is one small step.
+    live.observe(2, 256, 0.59)
+    assert live.at(256).cost(2) < 1.01 * curve.cost(2)
+    fresh = LiveCurve(measured)
+    fresh.observe(2, 256, 0.56)
+    assert fresh.at(256).cost(2) < 1.07 * measured.cost(2)
