@@ -1,8 +1,8 @@
 """What verification forwards cost in the decoding loop against the cost curve: plain decoding
-and the suffix drafter on HumanEval (store warmed), per batch size the median iteration
+and the suffix drafter on HumanEval or another warmed workload, per batch size the median iteration
 seconds, the cached curve's prediction and the live curve's after the run.
 
-    .venv/bin/python scripts/curve_vs_loop.py [PROMPTS]
+    .venv/bin/python scripts/curve_vs_loop.py [PROMPTS] [WORKLOAD]
 """
 
 import collections
@@ -16,7 +16,8 @@ from localspec.drafters.spec import NONE, DrafterSpec
 from localspec.engine import Engine, EngineConfig
 from localspec.sampling import SamplingConfig
 
-prompts, warm = workloads.load_warm("humaneval-warm", int(sys.argv[1]) if len(sys.argv) > 1 else 6)
+prompts, warm = workloads.load_warm(sys.argv[2] if len(sys.argv) > 2 else "humaneval-warm",
+                                    int(sys.argv[1]) if len(sys.argv) > 1 else 6)
 engine = Engine(replace(EngineConfig(model="qwen2.5-coder-1.5b-instruct", threads=2), store=":memory:"))
 docs = runner.warm_documents(engine, warm, 128, paths.cache_dir() / "bench" / "answers.json")
 runner.run_bench(engine, prompts[:1], [DrafterSpec("suffix")], 128, SamplingConfig(), warm=docs)  # the store
