@@ -7,7 +7,6 @@ turn, as the bench runs them); a negative sum is time saved.
     .venv/bin/python scripts/auto_phases.py humaneval-warm 8 auto 'auto:suffix+draft+jakiro|explore_share=inf'
     .venv/bin/python scripts/auto_phases.py --max-tokens 128 humaneval-warm 8 suffix auto
 
-
 A spec may end in |FIELD=VALUE,... : CascadeConfig fields for that controller (two `auto`
 controllers side by side need different specs: name the members in one).
 """

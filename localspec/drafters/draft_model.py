@@ -141,7 +141,7 @@ class DraftModelDrafter(Drafter):
         t = self.t_token or curve.cost(1) * self.size_ratio
         wide = len(curve.seconds)
         behind = len(context) - common_prefix(self.ctx.tokens, context)
-        return t, behind * (self.t_prefill_token or t * curve.cost(wide) / wide / curve.cost(1))
+        return t, behind * (self.t_prefill_token or t * curve.ratio(wide) / wide)
 
     def _pick(self, logits: np.ndarray, k: int) -> tuple[list[int], np.ndarray, np.ndarray]:
         """k children: the k best (deterministic) or k draws (sampled); and the distribution."""

@@ -104,19 +104,9 @@ class LiveCurve:
         curve = self.base.at(n_context)
         return replace(curve, seconds=non_decreasing(np.asarray(curve.seconds) * self.factors()))
 
-    def cost(self, n: int) -> float:
-        return self.at(self.base.n_context).cost(n)
-
-    def ratio(self, n: int) -> float:
-        return self.at(self.base.n_context).ratio(n)
-
     @property
     def seconds(self) -> list[float]:
         return self.at(self.base.n_context).seconds
-
-    @property
-    def n_context(self) -> int:
-        return self.base.n_context
 
     @property
     def discrepancy(self) -> float:
