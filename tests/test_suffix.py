@@ -13,9 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localspec import _native
+from localspec.drafters.base import Budget
 from localspec.drafters.spec import DrafterSpec
-from localspec.drafters.suffix import BYTES_PER_TOKEN, SuffixStore, store_dir
+from localspec.drafters.suffix import BYTES_PER_TOKEN, SuffixDrafter, SuffixStore, store_dir
 from localspec.engine import Engine, EngineConfig, Request
+from localspec.llama.cost import CostCurve
+from localspec.sampling import SamplingConfig
+from localspec.verify import Verdict
 
 KEY = "tokenizer-of-the-test"
 
@@ -61,6 +65,31 @@ def test_draft_is_the_suffix_tree_of_earlier_documents(docs, context, min_share,
     paths = {p for p in paths if sum(f[:len(p)] == list(p) for f in follow) >= min_share * len(follow)}
     assert len(tokens) == len(paths)
     assert all(counts[i] <= counts[parents[i]] for i in range(len(tokens)) if parents[i] >= 0)
+
+
+def test_store_drafts_learn_from_proposals_nobody_verified():
+    """A fresh drafter's store drafts (acceptance at the prior, at most 0.7) never pay on a
+    curve where a batch of two costs 1.8 forwards, so none is verified; the proposals it made
+    anyway, judged by the token that came next, teach it that the text is being copied, and
+    it drafts the rest. Simulated greedy decoding: the target emits the stored document."""
+    doc = list(range(1000, 1300))
+    store = SuffixStore(None, KEY)
+    store.add(doc)
+    drafter = SuffixDrafter(store)
+    curve = CostCurve(seconds=[1.0, 1.8, 2.4, 3.0, 3.6, 4.2, 4.8, 5.4], n_context=0)
+    budget = Budget(curve, n_seq_max=4)
+    context = [1, 2, 3] + doc[:2]
+    drafter.begin(context, SamplingConfig())
+    verified = []
+    while len(context) < 3 + len(doc):
+        tree = budget.size(drafter.propose(context, budget))
+        n, _ = tree.walk(doc[len(context) - 3:])
+        drafter.observe(tree, Verdict(list(range(n)), [], False, n))
+        verified.append(len(tree))
+        context += doc[len(context) - 3:len(context) - 3 + n + 1]
+    assert verified[0] == 0
+    assert sum(verified) > len(doc) / 2
+    assert drafter.acceptance.buckets[24].value > 0.9
 
 
 def test_eviction_rollback_and_snapshot_round_trip():

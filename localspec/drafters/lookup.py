@@ -32,7 +32,7 @@ class LookupDrafter(Drafter):
         self.seen.extend(context[n:])
 
     def propose(self, context: list[int], budget: Budget) -> DraftTree:
-        self.acceptance.tick()
+        self.acceptance.start(context)
         self._sync(context)
         return self.acceptance.tree(*self.index.draft(budget.max_nodes, self.max_depth, self.max_occurrences))
 
@@ -44,16 +44,32 @@ class MatchAcceptance:
     """Acceptance of drafts of what followed earlier occurrences, by the length of the matched
     suffix, in buckets (1..8, 12, 16, 24): longer matches are safer bets, but no bucket starts
     sure of itself. Drafts grow long (up to 63 tokens, 24 forwards' worth here) only on
-    evidence, text being copied, so a wrong guess about what repeats stays cheap."""
+    evidence, text being copied, so a wrong guess about what repeats stays cheap.
+
+    Every proposal is evidence: a verified one by how far the target accepted it, one left
+    unverified (not worth a forward yet, or another drafter ran) by whether the token that
+    came next was its first. Otherwise a bucket whose prior is too low to draft would never
+    learn that its drafts would have been accepted."""
 
     def __init__(self, n_min: int = 1, base: float = 0.5, cap: float = 0.9):
         self.buckets = {n: DecayingRatio(prior=min(cap, base + 0.1 * n), weight=8.0, decay=0.99)
                         for n in (*range(n_min, 9), 12, 16, 24)}
         self.last = n_min  # the bucket of the last tree
+        self._context: tuple[int, tuple[int, ...]] = (0, ())  # its length and last tokens
+        # The last proposal while not verified: where it starts, its first tokens, its bucket.
+        self._unverified: tuple[int, tuple[int, ...], np.ndarray, int] | None = None
 
-    def tick(self) -> None:
+    def start(self, context: list[int]) -> None:
+        """A proposal for `context` begins: evidence decays, and the last one, if it was not
+        verified, is judged by the token that followed its root."""
         for ratio in self.buckets.values():
             ratio.tick()
+        if self._unverified is not None:
+            at, tail, first, bucket = self._unverified
+            if len(context) > at and tuple(context[at - len(tail):at]) == tail:
+                self.buckets[bucket].add(float(context[at] in first), 1.0)
+            self._unverified = None
+        self._context = len(context), tuple(context[-8:])
 
     def tree(self, tokens: np.ndarray, parents: np.ndarray, counts: np.ndarray, n_match: int,
              n_occurrences: int) -> DraftTree:
@@ -64,11 +80,15 @@ class MatchAcceptance:
         self.last = max(n for n in self.buckets if n <= n_match)
         tree = DraftTree(tokens, parents, np.zeros(len(tokens)))
         tree.reach = counts / n_occurrences * self.buckets[self.last].value ** tree.depths()
+        self._unverified = (*self._context, tree.tokens[tree.parents == -1], self.last)
         return tree
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
         """A chain's acceptance: accepted tokens over them plus the rejection that ended the
-        path, if one did."""
+        path, if one did. Nothing verified (the proposal sized to nothing): start() judges it."""
+        if not len(tree):
+            return
+        self._unverified = None
         reached_leaf = bool(verdict.path) and not tree.has_child()[verdict.path[-1]]
         n = len(verdict.path)
         self.buckets[self.last].add(n, n + (0 if reached_leaf else 1))

@@ -264,7 +264,7 @@ class SuffixDrafter(Drafter):
         self.lookup.begin(prompt, sampling)
 
     def propose(self, context: list[int], budget: Budget) -> DraftTree:
-        self.acceptance.tick()
+        self.acceptance.start(context)
         own = self.lookup.propose(context, budget)
         stored = self._from_store(context, budget)
         best, self._from = max((own, "lookup"), (stored, "store"), key=lambda t: budget.speedup(t[0]))
