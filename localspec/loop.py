@@ -156,7 +156,7 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
             on_forward(len(pending) + len(tree), n_past, time.perf_counter() - t_forward)
         if followers:  # the pending rows, then the accepted nodes the cache kept
             commit(n_past, list(range(len(pending) + verdict.n_cached)))
-        if drafter is not None:
+        if len(tree):  # a proposal sized to nothing was not verified: nothing to observe
             drafter.observe(tree, verdict)
         emitted = verdict.tokens
         pending = emitted[verdict.n_cached:len(verdict.path)]  # accepted, not cached

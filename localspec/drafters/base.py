@@ -4,7 +4,8 @@ A request's life, as the loop (localspec/loop.py) drives it:
 
     begin(prompt, sampling)          a request starts: per-request state (sampler, seed, head)
     propose(context, budget)         -> DraftTree: guesses for what follows `context`
-    observe(tree, verdict)           what the target accepted of that proposal
+    observe(tree, verdict)           what the target accepted of that proposal (if any of it
+                                     was verified)
     commit(ctx, first_pos, rows)     feature drafters only: the target's hidden states of the
                                      positions it just committed (batch rows of its last decode)
     close()                          the engine is done with the drafter
@@ -106,7 +107,8 @@ class Drafter:
         return DraftTree.empty()
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
-        """What the target accepted of the last proposal."""
+        """What the target accepted of the last proposal; not called when it was sized to
+        nothing."""
 
     def commit(self, ctx: Context, first_pos: int, rows: list[int]) -> None:
         """The target just decoded context positions first_pos, first_pos + 1, ... at these

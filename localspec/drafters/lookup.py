@@ -56,8 +56,8 @@ class MatchAcceptance:
                         for n in (*range(n_min, 9), 12, 16, 24)}
         self.last = n_min  # the bucket of the last tree
         self._context: tuple[int, tuple[int, ...]] = (0, ())  # its length and last tokens
-        # The last proposal while not verified: where it starts, its first tokens, its bucket.
-        self._unverified: tuple[int, tuple[int, ...], np.ndarray, int] | None = None
+        # The last proposal while not verified: where it starts, the tree, its bucket.
+        self._unverified: tuple[int, tuple[int, ...], DraftTree, int] | None = None
 
     def start(self, context: list[int]) -> None:
         """A proposal for `context` begins: evidence decays, and the last one, if it was not
@@ -65,9 +65,9 @@ class MatchAcceptance:
         for ratio in self.buckets.values():
             ratio.tick()
         if self._unverified is not None:
-            at, tail, first, bucket = self._unverified
+            at, tail, tree, bucket = self._unverified
             if len(context) > at and tuple(context[at - len(tail):at]) == tail:
-                self.buckets[bucket].add(float(context[at] in first), 1.0)
+                self.buckets[bucket].add(tree.walk(context[at:at + 1])[0], 1.0)
             self._unverified = None
         self._context = len(context), tuple(context[-8:])
 
@@ -80,14 +80,12 @@ class MatchAcceptance:
         self.last = max(n for n in self.buckets if n <= n_match)
         tree = DraftTree(tokens, parents, np.zeros(len(tokens)))
         tree.reach = counts / n_occurrences * self.buckets[self.last].value ** tree.depths()
-        self._unverified = (*self._context, tree.tokens[tree.parents == -1], self.last)
+        self._unverified = (*self._context, tree, self.last)
         return tree
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
         """A chain's acceptance: accepted tokens over them plus the rejection that ended the
-        path, if one did. Nothing verified (the proposal sized to nothing): start() judges it."""
-        if not len(tree):
-            return
+        path, if one did."""
         self._unverified = None
         reached_leaf = bool(verdict.path) and not tree.has_child()[verdict.path[-1]]
         n = len(verdict.path)
