@@ -206,6 +206,16 @@ def cmd_cost(a: argparse.Namespace) -> None:
         print(f"| {n} | {curve.cost(n) * 1e3:.1f} | {curve.ratio(n):.2f} | {long.cost(n) * 1e3:.1f} | "
               f"{long.ratio(n):.2f} |")
     print(agreement(curve))
+    print(drafter_ceilings(curve))
+
+
+def drafter_ceilings(curve) -> str:
+    """What a drafter of each per-token acceptance, drafting for free, reaches at best on this
+    curve (chains of the best K): how good a drafter has to be before speculation pays here."""
+    from localspec.bench.ceiling import model_drafter_ceiling
+    best = [(p, *model_drafter_ceiling(curve.ratio, p, 0.0, len(curve.seconds))) for p in (0.6, 0.7, 0.8, 0.9, 0.95)]
+    return ("a free drafter whose tokens are each right with probability p reaches at most: "
+            + ", ".join(f"p {p:.2f}: {s:.2f}× (K {k})" for p, s, k in best))
 
 
 @dataclass(frozen=True)
@@ -349,6 +359,9 @@ def cmd_bench(a: argparse.Namespace) -> None:
              + (" · flat cost" if a.flat_cost else "")
              + (" · strict" if a.strict else ""))
     print(f"\n{title}\n\n{report.table(configs)}")
+    ceiling = report.ceiling_line(configs)
+    if ceiling:
+        print("\n" + ceiling)
     print("\n" + agreement(engine.curve, " (a tie within it may legitimately flip)"))
     meta = {"model": str(engine.model.path), "workload": cfg.workload, "n": len(prompts),
             "max_tokens": cfg.max_tokens, "temperature": sampling.temperature, "repeat": cfg.repeat,

@@ -55,9 +55,24 @@ def table(configs: list[Config]) -> str:
     return "\n".join(rows)
 
 
+def copy_ceiling(configs: list[Config]) -> float | None:
+    """The speedup over plain decoding that a clairvoyant copier would reach on the cost curve
+    (bench/ceiling.py), over every turn; None when it was not computed (T > 0)."""
+    pairs = [r.ceiling for r in configs[0].ok_runs if r.ceiling]
+    spent = sum(c for _, c in pairs)
+    return sum(p for p, _ in pairs) / spent if pairs and spent else None
+
+
+def ceiling_line(configs: list[Config]) -> str:
+    c = copy_ceiling(configs)
+    return "" if c is None else (
+        f"copy ceiling: {c:.2f}× plain (a clairvoyant drafter copying from the request and the store, "
+        "free, on this cost curve: no lookup or suffix drafter can do better)")
+
+
 def to_json(configs: list[Config], meta: dict) -> dict:
     base = configs[0].tokens_per_s
-    return {"meta": meta, "configs": [{
+    return {"meta": {**meta, "copy_ceiling": copy_ceiling(configs)}, "configs": [{
         "name": c.name, "drafter": c.drafter, "tokens_per_s": c.tokens_per_s,
         "speedup": _speedup(c, base), "speedup_95": speedup_interval(c, configs[0]) if i else None,
         "tau": c.tau, "acceptance": c.acceptance,

@@ -11,6 +11,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from localspec.bench.ceiling import Corpus, copy_ceiling
 from localspec.bench.workloads import Prompt, Warm
 from localspec.drafters.spec import NONE, DrafterSpec
 from localspec.engine import Engine, Request
@@ -33,6 +34,9 @@ class Run:
     forwards: int = 0
     settled: int = 0
     failed: str | None = None
+    # plain decoding's greedy answer only: (its seconds, a clairvoyant copier's) on the cost
+    # curve (bench/ceiling.py)
+    ceiling: tuple[float, float] | None = None
 
 
 @dataclass
@@ -153,6 +157,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], drafters: list[DrafterSpec]
     configs = [plain, *ours, *[Config(a.name, a.kind) for a in anchors]]
     anchor_of = {cfg.name: a for cfg, a in zip(configs[1 + len(ours):], anchors)}
     store = engine.suffix_store(":memory:") if engine.cfg.store == ":memory:" else None
+    learnt = list(warm) if store is not None else []  # what the store holds (for the copy ceiling)
     if store is not None:
         store.rollback(0)  # what generating the warm answers taught it, among others
         for doc in warm:
@@ -184,9 +189,12 @@ def run_bench(engine: Engine, prompts: list[Prompt], drafters: list[DrafterSpec]
                     if cfg.spec is not None and not run.identical:
                         run.tie = near_tie(engine, tokens, ref, out)
                 cfg.runs.append(run)
+            if greedy:
+                plain.runs[-1].ceiling = copy_ceiling(ref, tokens, Corpus(learnt), engine.curve)
             if store is not None:
                 store.rollback(mark)
-                store.add([t for t in ref if not engine.model.is_eog(t)])
+                learnt.append([t for t in ref if not engine.model.is_eog(t)])
+                store.add(learnt[-1])
             try:
                 tokens = steps.send(ref_text) if p.kind == "session" else None
             except StopIteration:
