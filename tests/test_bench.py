@@ -38,6 +38,9 @@ def test_sessions_run_turn_by_turn_on_a_store_rolled_back_for_each_configuration
                             SamplingConfig(), repeat=2, warm=warm)
         assert [len(c.runs) for c in configs] == [2, 2, 2]  # a median run per turn
         assert all(r.identical or r.tie for c in configs for r in c.runs)
+        # plain's answers carry the copy ceiling: a clairvoyant copier never takes longer than plain
+        assert all(0 < r.ceiling[1] <= r.ceiling[0] * (1 + 1e-9) for r in configs[0].runs)
+        assert all(r.ceiling is None for c in configs[1:] for r in c.runs)
         # The store ends as a user's would: the warm-up, then plain's answer to each turn once.
         assert engine.suffix_store(":memory:").native.n_docs == 1 + 2
     finally:
@@ -96,5 +99,6 @@ def test_bench_repeat_and_a_session_workload_from_the_command_line(small_path, t
     result = json.loads(out.read_text())
     assert result["meta"]["repeat"] == 2 and result["configs"][1]["speedup_95"] is not None
     assert "median of 2" in r.stdout
+    assert result["meta"]["copy_ceiling"] >= 1.0 and "copy ceiling:" in r.stdout
     bad = localspec("bench", "-m", str(small_path), "--repeat", "0")
     assert bad.returncode == 1 and "--repeat" in bad.stderr
