@@ -295,7 +295,7 @@ def test_fuzzing_from_the_schema_finds_no_5xx(smol):
 
     schema = schemathesis.openapi.from_url(smol[0] + "/openapi.json")
     failures = []
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 90  # of the suite's 30 minutes on two cores
     for op in schema.get_all_operations():
         operation = op.ok()
 
