@@ -19,11 +19,20 @@ class Corpus:
     """Token documents, searchable for where a token stands and what follows it."""
 
     def __init__(self, docs: Sequence[Sequence[int]] = ()):
-        self.docs = [np.asarray(d, dtype=np.int64) for d in docs if len(d)]
-        joined = np.concatenate([np.append(d, -1) for d in self.docs]) if self.docs else np.zeros(0, np.int64)
-        self.tokens = joined  # documents end in -1, so no continuation runs from one into the next
-        order = np.argsort(joined, kind="stable")
-        self._order, self._sorted = order, joined[order]
+        parts = [np.append(np.asarray(d, dtype=np.int64), -1) for d in docs if len(d)]
+        self._index(np.concatenate(parts) if parts else np.zeros(0, np.int64))
+
+    @classmethod
+    def joined(cls, tokens: np.ndarray) -> Corpus:
+        """Documents each ended by -1, as the suffix store keeps them (its corpus())."""
+        corpus = cls.__new__(cls)
+        corpus._index(np.asarray(tokens, dtype=np.int64))
+        return corpus
+
+    def _index(self, tokens: np.ndarray) -> None:
+        self.tokens = tokens  # documents end in -1, so no continuation runs from one into the next
+        self._order = np.argsort(tokens, kind="stable")
+        self._sorted = tokens[self._order]
 
     def positions(self, token: int) -> np.ndarray:
         lo, hi = np.searchsorted(self._sorted, [token, token + 1])
@@ -54,7 +63,7 @@ def copyable(answer: Sequence[int], prompt: Sequence[int], store: Corpus, max_dr
         prev = seen[n_known - 1]
         own = np.flatnonzero(seen[:n_known - 1] == prev) + 1
         best = longest_copy(seen[:n_known], own, want)
-        if best < len(want) and store.docs:
+        if best < len(want) and len(store.tokens):
             best = max(best, longest_copy(store.tokens, store.positions(prev) + 1, want))
         out.append(best)
     return out

@@ -157,7 +157,6 @@ def run_bench(engine: Engine, prompts: list[Prompt], drafters: list[DrafterSpec]
     configs = [plain, *ours, *[Config(a.name, a.kind) for a in anchors]]
     anchor_of = {cfg.name: a for cfg, a in zip(configs[1 + len(ours):], anchors)}
     store = engine.suffix_store(":memory:") if engine.cfg.store == ":memory:" else None
-    learnt = list(warm) if store is not None else []  # what the store holds (for the copy ceiling)
     if store is not None:
         store.rollback(0)  # what generating the warm answers taught it, among others
         for doc in warm:
@@ -189,12 +188,13 @@ def run_bench(engine: Engine, prompts: list[Prompt], drafters: list[DrafterSpec]
                     if cfg.spec is not None and not run.identical:
                         run.tie = near_tie(engine, tokens, ref, out)
                 cfg.runs.append(run)
-            if greedy:
-                plain.runs[-1].ceiling = copy_ceiling(ref, tokens, Corpus(learnt), engine.curve)
             if store is not None:
                 store.rollback(mark)
-                learnt.append([t for t in ref if not engine.model.is_eog(t)])
-                store.add(learnt[-1])
+            if greedy:  # copying from what the store held before the turn
+                stored = Corpus.joined(store.native.corpus()) if store is not None else Corpus()
+                plain.runs[-1].ceiling = copy_ceiling(ref, tokens, stored, engine.curve)
+            if store is not None:
+                store.add([t for t in ref if not engine.model.is_eog(t)])
             try:
                 tokens = steps.send(ref_text) if p.kind == "session" else None
             except StopIteration:
