@@ -89,33 +89,35 @@ def plain_answer(engine, prompt, max_tokens):
     return answer, confidence
 
 
-def simulate(answers, picks, sources) -> float:
-    """Plain seconds over the policy's seconds."""
+def speedup(answers, choose) -> float:
+    """Plain seconds over a policy's: at each position choose(proposals) gives how many tokens
+    to verify and how many of them are right."""
     plain = policy = 0.0
     for rows in answers:
         i = 0
         plain += sum(seconds[0] for seconds, _, _ in rows)
         while i < len(rows):
             seconds, _, proposals = rows[i]
-            # the longer pick runs; on a tie the request's own text, as the drafter prefers it
-            k, _, run = max(((picks.get(c, 0), c[0] == "lookup", r) for c, r in proposals if c[0] in sources),
-                            default=(0, False, 0))
+            k, run = choose(proposals)
             policy += seconds[k]
             i += min(k, run) + 1
     return plain / policy
 
 
+def simulate(answers, picks, sources) -> float:
+    def choose(proposals):
+        # the longer pick runs; on a tie the request's own text, as the drafter prefers it
+        k, _, run = max(((picks.get(c, 0), c[0] == "lookup", r) for c, r in proposals if c[0] in sources),
+                        default=(0, False, 0))
+        return k, run
+    return speedup(answers, choose)
+
+
 def clairvoyant(answers, sources) -> float:
-    plain = policy = 0.0
-    for rows in answers:
-        i = 0
-        plain += sum(seconds[0] for seconds, _, _ in rows)
-        while i < len(rows):
-            seconds, _, proposals = rows[i]
-            run = min(max((r for c, r in proposals if c[0] in sources), default=0), max(PICKS))
-            policy += seconds[run]
-            i += run + 1
-    return plain / policy
+    def choose(proposals):
+        run = min(max((r for c, r in proposals if c[0] in sources), default=0), max(PICKS))
+        return run, run
+    return speedup(answers, choose)
 
 
 def fit(answers, sources):
