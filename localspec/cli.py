@@ -56,6 +56,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="plan drafts as if a verification batch cost what one token does (as on "
                         "a GPU): drafters draft all they can, which measures their tau; slower "
                         "on a CPU")
+    p.add_argument("--curve", metavar="FILE", default="",
+                   help="plan drafts with this cost curve (JSON as `localspec cost` caches it, "
+                        "another machine's say) instead of this machine's")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -90,7 +93,7 @@ drafter_spec = arg_type(DrafterSpec.parse)
 def engine_config(a: argparse.Namespace, drafters: list[DrafterSpec]):
     from localspec.engine import EngineConfig
     return EngineConfig(a.model, a.ctx, a.threads, a.gpu_layers, a.flash_attn, strict=a.strict,
-                        flat_cost=a.flat_cost, drafter=drafters[0],
+                        flat_cost=a.flat_cost, curve=a.curve, drafter=drafters[0],
                         features=any(d.uses_features for d in drafters) or None, rpc=a.rpc)
 
 

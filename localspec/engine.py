@@ -26,7 +26,7 @@ from localspec.drafters.suffix import SuffixDrafter, SuffixStore, store_dir
 from localspec.errors import LocalspecError
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig, common_prefix
-from localspec.llama.cost import CostCurve, LiveCurve, cost_curve
+from localspec.llama.cost import CostCurve, LiveCurve, cost_curve, planning_curve
 from localspec.llama.model import LogHandler, set_log_handler
 from localspec.llama.text import chat_tokens, complete_utf8_prefix
 from localspec.loop import Controller, Iteration, Stats, run
@@ -53,6 +53,9 @@ class EngineConfig:
     # Plan as if every verification batch cost one single-token forward (a GPU's shape): the
     # drafters' tau, not this machine's trade-off, decides how much they draft.
     flat_cost: bool = False
+    # A cost curve file (the JSON `localspec cost` caches, another machine's say) to plan with
+    # instead of this machine's; held as it is, not corrected by this machine's forwards.
+    curve: str = ""
     drafter: DrafterSpec = AUTO  # what requests that name none run
     # The target's hidden states, for feature drafters (Jakiro); None: when `drafter` may
     # run one (auto does when a Jakiro drafter ships for the target).
@@ -150,7 +153,9 @@ class Engine:
     @property
     def curve(self) -> CostCurve | LiveCurve:
         """The cost curve, measured once per model and machine, then corrected by what this
-        engine's forwards cost (flat_cost: a curve held flat, as tests want it)."""
+        engine's forwards cost (flat_cost: a curve held flat; cfg.curve: the one in that file)."""
+        if self._curve is None and self.cfg.curve:
+            self._curve = planning_curve(Path(self.cfg.curve), self.ctx)
         if self._curve is None:
             curve = cost_curve(self.ctx, progress=self.progress)
             if self.cfg.flat_cost:

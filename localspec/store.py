@@ -114,6 +114,12 @@ def stored_path(name: str) -> Path:
     return store_dir() / f"{name}.gguf"
 
 
+def model_dirs() -> list[Path]:
+    """Folders whose NAME.gguf files stand for registry models, read in place and never
+    written (LOCALSPEC_MODEL_DIRS, separated as PATH is): the test suite's shared models."""
+    return [Path(d).expanduser() for d in os.environ.get("LOCALSPEC_MODEL_DIRS", "").split(os.pathsep) if d]
+
+
 def looks_like_path(spec: str) -> bool:
     return spec.endswith(".gguf") or os.sep in spec or spec.startswith(".")
 
@@ -126,20 +132,22 @@ def resolve(spec: str, pull_missing: bool = True, progress: Progress | None = No
         check_gguf(path)
         return path
     entry = lookup(spec)
-    path = stored_path(spec)
-    if path.exists():
-        if path.stat().st_size != entry.size:
-            raise LocalspecError(f"stored model '{spec}' has the wrong size ({path.stat().st_size} "
-                                 f"bytes, expected {entry.size}): run `localspec rm {spec}` and pull it again")
-        return path
+    for path in (stored_path(spec), *(d / f"{spec}.gguf" for d in model_dirs())):
+        if path.exists():
+            if path.stat().st_size != entry.size:
+                raise LocalspecError(f"model file {path} has the wrong size ({path.stat().st_size} "
+                                     f"bytes, expected {entry.size}): remove it and pull '{spec}' again")
+            return path
     if not pull_missing:
         raise LocalspecError(f"model '{spec}' is not pulled: run `localspec pull {spec}`")
     return pull(spec, progress=progress)
 
 
-def pull(name: str, force: bool = False, progress: Progress | None = None) -> Path:
+def pull(name: str, force: bool = False, progress: Progress | None = None,
+         into: Path | None = None) -> Path:
+    """Download a registry model into the store (or the folder `into`), sha256-checked."""
     entry = lookup(name)
-    final = stored_path(name)
+    final = into / f"{name}.gguf" if into is not None else stored_path(name)
     if final.exists() and not force:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)

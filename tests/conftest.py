@@ -1,32 +1,57 @@
-"""Shared fixtures: real models pulled through localspec's own store."""
+"""Shared fixtures: real models from the test store, and nothing of the user's.
+
+The suite never reads or writes the user's localspec directories: LOCALSPEC_HOME (models,
+caches, cost curves, suffix stores, chats) is a fresh folder, set here before any test runs
+so that subprocesses inherit it too. The models come from a shared test store, pulled
+(sha256-checked) on first use and only read after that: LOCALSPEC_TEST_MODELS, else
+localspec-test-models in the user's cache folder."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
+import platformdirs
 import pytest
 
-from localspec import store
-from localspec.llama import Context, Model
-from localspec.llama.context import ContextConfig
+os.environ["LOCALSPEC_HOME"] = tempfile.mkdtemp(prefix="localspec-test-home-")
+TEST_MODELS = Path(os.environ.get("LOCALSPEC_TEST_MODELS") or
+                   platformdirs.user_cache_dir("localspec-test-models"))
+os.environ["LOCALSPEC_MODEL_DIRS"] = str(TEST_MODELS)
+
+from localspec import store  # noqa: E402
+from localspec.llama import Context, Model  # noqa: E402
+from localspec.llama.context import ContextConfig  # noqa: E402
 
 SMALL = "smollm2-135m-instruct"
 QWEN_SMALL = "qwen2.5-coder-0.5b-instruct"
+# A cost curve recorded once (SmolLM2 on two threads of the 2-core machine that CI runs on):
+# tests that plan drafts plan with it, never with whatever this machine measured last.
+RECORDED_CURVE = Path(__file__).parent / "data" / "smollm2-2-threads.curve.json"
 
-# Every engine learns its answers into a suffix store: the tests' go to a fresh place (set
-# here, before any engine exists, so subprocesses inherit it too), not into the user's.
-os.environ["LOCALSPEC_SUFFIX_DIR"] = tempfile.mkdtemp(prefix="localspec-suffix-")
+
+def from_test_store(name: str) -> Path:
+    """A registry model from the test store, pulled there if it is not yet."""
+    path = TEST_MODELS / f"{name}.gguf"
+    return path if path.exists() else store.pull(name, into=TEST_MODELS)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def test_models():
+    """Both test models before any test: what a drafter finds beside a target (auto's draft
+    model) is then the same in every run, whichever test comes first."""
+    return {name: from_test_store(name) for name in (SMALL, QWEN_SMALL)}
 
 
 @pytest.fixture(scope="session")
-def small_path():
-    return store.resolve(SMALL)
+def small_path(test_models):
+    return test_models[SMALL]
 
 
 @pytest.fixture(scope="session")
-def qwen_path():
-    return store.resolve(QWEN_SMALL)
+def qwen_path(test_models):
+    return test_models[QWEN_SMALL]
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,8 @@ from localspec.llama.cost import CostCurve
 from localspec.sampling import SamplingConfig
 from localspec.verify import Verdict
 
+from conftest import RECORDED_CURVE
+
 KEY = "tokenizer-of-the-test"
 
 
@@ -172,9 +174,11 @@ def test_two_processes_share_a_store(tmp_path):
 
 def test_engine_learns_every_answer_and_drafts_from_it_losslessly(small_path, tmp_path):
     """An answer the user asks for again drafts from the store; the output is plain decoding's.
-    A fresh drafter's store drafts (acceptance at the prior) need not pay on this machine's
-    curve: the proposals it makes anyway teach it that the answer is being repeated."""
-    engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=2, store=str(tmp_path)))
+    Planned on a CPU's recorded curve, where a fresh drafter's store drafts (acceptance at the
+    prior) do not pay: the proposals it makes anyway teach it that the answer is being
+    repeated."""
+    engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=2, store=str(tmp_path),
+                                 curve=str(RECORDED_CURVE)))
     try:
         messages = [{"role": "user", "content": "List the planets of the solar system, one per line."}]
         run = lambda d: [e for e in engine.generate(Request(messages=messages, max_tokens=48,  # noqa: E731

@@ -20,6 +20,7 @@ import llama_cpp as ll
 import numpy as np
 
 from localspec import _native
+from localspec.errors import LocalspecError
 from localspec.llama.context import Context
 from localspec.paths import cache_dir
 from localspec.progress import Progress
@@ -272,16 +273,43 @@ def cost_curve(ctx: Context, max_batch: int = MAX_BATCH, refresh: bool = False, 
     """The cached curve for this model, build and settings; measured on first use."""
     path = cache_path(ctx)
     if path.exists() and not refresh:
-        data = json.loads(path.read_text())
+        curve = read_curve(path)
         # A curve measured in a small context (--ctx 256) lacks what context adds: a larger
         # context measures it again, once.
-        if len(data["seconds"]) >= max_batch and (data.get("per_context") or not long_context(ctx, max_batch)):
-            return CostCurve(data["seconds"], data["n_context"], data["discrepancy"], data["exact_batch"],
-                             tuple(data.get("per_context", ())))
+        if len(curve.seconds) >= max_batch and (curve.per_context or not long_context(ctx, max_batch)):
+            return curve
     curve = measure(ctx, max_batch, repeats=repeats, progress=progress)
+    _write_json(path, asdict(curve) | {"model": str(ctx.model.path), "llama_cpp": ll.__version__})
+    return curve
+
+
+def read_curve(path: Path) -> CostCurve:
+    """A curve from a JSON file in the layout cost_curve caches (another machine's, say)."""
+    try:
+        data = json.loads(Path(path).read_text())
+        return CostCurve([float(x) for x in data["seconds"]], int(data["n_context"]),
+                         float(data.get("discrepancy", 0.0)), int(data.get("exact_batch", 1)),
+                         tuple(float(x) for x in data.get("per_context", ())))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise LocalspecError(f"{path}: not a cost curve ({e})") from None
+
+
+def planning_curve(path: Path, ctx: Context) -> CostCurve:
+    """The curve in `path` to plan with, and this machine's own exactness (how far its batched
+    forwards reproduce single tokens: a property of this build, not of that machine's
+    timing), measured once and cached."""
+    curve = read_curve(path)
+    exact = cache_dir() / "cost" / f"exact-{cache_key(ctx)}.json"
+    if exact.exists():
+        discrepancy, exact_batch = json.loads(exact.read_text())
+    else:
+        discrepancy, exact_batch = measure_discrepancy(ctx)
+        _write_json(exact, [discrepancy, exact_batch])
+    return replace(curve, discrepancy=discrepancy, exact_batch=exact_batch)
+
+
+def _write_json(path: Path, data) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = asdict(curve) | {"model": str(ctx.model.path), "llama_cpp": ll.__version__}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2))
     tmp.replace(path)
-    return curve
