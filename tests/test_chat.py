@@ -19,6 +19,8 @@ from tui.app import ChatApp, ChatConfig
 from tui.store import Store
 from tui.widgets import MessageView
 
+from conftest import RECORDED_CURVE
+
 GREEDY = SamplingConfig(temperature=0)
 
 
@@ -39,7 +41,7 @@ def config(small_path, tmp_path, **kw) -> ChatConfig:
     # SmolLM2 on one thread), so speculation's answer is plain decoding's byte for byte, even
     # where the app's history was decoded and the cold reference prefills it at once.
     engine = EngineConfig(model=str(small_path), n_ctx=kw.pop("n_ctx", 2048), threads=1, strict=True,
-                          drafter=kw.pop("drafter", DrafterSpec("auto")))
+                          drafter=kw.pop("drafter", DrafterSpec("auto")), curve=str(RECORDED_CURVE))
     return ChatConfig(engine, db=tmp_path / "chats.db", max_tokens=kw.pop("max_tokens", 64), **kw)
 
 

@@ -6,11 +6,14 @@ import asyncio
 import time
 
 import pytest
+from textual.widgets import Input, TextArea
 
 from localspec.drafters.spec import DrafterSpec
 from localspec.engine import EngineConfig
 from tui.app import ChatApp, ChatConfig
 from tui.store import Store
+
+from conftest import RECORDED_CURVE
 
 STATS = {"predicted_per_second": 41.3, "tau": 1.62, "draft_n": 58, "draft_n_accepted": 37,
          "arm": "lookup@3", "cache_n": 128, "predicted_n": 96, "prompt_n": 41,
@@ -22,6 +25,14 @@ ANSWER = [
     ["-1", "jakiro:smollm2-135m-instruct.q8_0"],
     [".", None],
 ]
+
+
+@pytest.fixture(autouse=True)
+def steady_cursors(monkeypatch):
+    """Cursors blink every half second, so a snapshot would catch either phase, whichever the
+    machine's speed gives: hold them on."""
+    monkeypatch.setattr(TextArea, "_toggle_cursor_blink_visible", lambda self: None)
+    monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None)
 
 
 @pytest.fixture
@@ -41,7 +52,8 @@ def app(small_path, tmp_path):
     store.save_message(answer)
     store.set_setting("last_conversation", str(c.id))
     store.close()
-    engine = EngineConfig(model=str(small_path), n_ctx=1024, threads=1, drafter=DrafterSpec("lookup"))
+    engine = EngineConfig(model=str(small_path), n_ctx=1024, threads=1, drafter=DrafterSpec("lookup"),
+                          curve=str(RECORDED_CURVE))
     return ChatApp(ChatConfig(engine, db=db))
 
 
