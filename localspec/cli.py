@@ -42,9 +42,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help=f"registry name or path to a .gguf (default: {DEFAULT_MODEL})")
     p.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all cores)")
-    p.add_argument("--gpu-layers", type=int, default=0,
-                   help="layers to offload (needs a CUDA/ROCm/Metal build of llama-cpp-python, or "
-                        "--rpc; with --rpc, 0 means all)")
+    p.add_argument("--gpu-layers", type=int, default=None,
+                   help="layers to offload to the GPU (default: every layer that fits, with a "
+                        "CUDA/ROCm/Metal build of llama-cpp-python; 0: the CPU only; with --rpc, "
+                        "0 means all)")
     p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]", type=arg_type(rpc_endpoints), default=(),
                    help="spread the target's offloaded layers over these rpc-servers (localspec "
                         "rpc-server, or llama.cpp's of the same version); drafters stay here")
@@ -113,7 +114,9 @@ def cmd_generate(a: argparse.Namespace) -> None:
     request = Request(prompt=cfg.prompt, sampling=sampling_config(a), max_tokens=cfg.max_tokens,
                       messages=[{"role": "user", "content": cfg.prompt}] if cfg.chat else None,
                       stop=cfg.stop)
-    for event in engine.generate(request):
+    for i, event in enumerate(engine.generate(request)):
+        if i == 0:  # the request is under way (a bad one fails in one line, before this)
+            print(f"localspec: {engine.where}", file=sys.stderr, flush=True)
         if isinstance(event, Delta):
             sys.stdout.write(event.text)
             sys.stdout.flush()
@@ -144,7 +147,11 @@ def cmd_serve(a: argparse.Namespace) -> None:
     store.resolve(a.model)  # a missing or unknown model fails here, in one line, before serving
     # Two caches: an editor's completions and a chat do not evict each other.
     cfg = replace(engine_config(a, [a.drafter]), slots=2)
-    worker = Worker(lambda: Engine(cfg))
+    def load() -> Engine:
+        engine = Engine(cfg)
+        print(f"localspec: {engine.where}", file=sys.stderr, flush=True)
+        return engine
+    worker = Worker(load)
     print(f"localspec serving {a.model} on http://{a.host}:{a.port} (/infill, /completion, /v1/*); "
           "loading …", file=sys.stderr, flush=True)
     try:

@@ -25,16 +25,16 @@ from localspec.drafters.spec import AUTO, DrafterSpec
 from localspec.drafters.suffix import SuffixDrafter, SuffixStore, store_dir
 from localspec.errors import LocalspecError
 from localspec.llama import Context, Model
-from localspec.llama.context import ContextConfig, common_prefix
+from localspec.llama.context import ContextConfig, common_prefix, default_threads
 from localspec.llama.cost import CostCurve, LiveCurve, cost_curve, planning_curve
 from localspec.llama.model import LogHandler, set_log_handler
+from localspec.llama.placement import ALL_LAYERS, layers_that_fit, where
 from localspec.llama.text import chat_tokens, complete_utf8_prefix
 from localspec.loop import Controller, Iteration, Stats, run
 from localspec.progress import Progress
 from localspec.sampling import SamplingConfig
 
 DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b-instruct"
-ALL_LAYERS = 999  # n_gpu_layers that offloads every layer
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class EngineConfig:
     model: str = store.DEFAULT_MODEL
     n_ctx: int = 4096
     threads: int = 0
-    n_gpu_layers: int = 0
+    n_gpu_layers: int | None = None  # None: every layer that fits on this machine's GPUs
     flash_attn: str = "auto"
     n_seq_max: int = 8     # root-to-leaf paths a draft tree may have
     # Greedy output bit-identical to plain decoding, not only up to ties: plain weight layouts
@@ -164,9 +164,18 @@ class Engine:
                 self._curve = LiveCurve(curve)
         return self._curve
 
+    @property
+    def where(self) -> str:
+        """One line on where the target runs."""
+        return where(self.model, self.ctx.config.n_threads or default_threads())
+
     def _load(self, path: Path, repack: bool = True, rpc: tuple[str, ...] = ()) -> Model:
         what = f"loading {path.stem}"
-        n_gpu_layers = self.cfg.n_gpu_layers or (ALL_LAYERS if rpc else 0)
+        n_gpu_layers = self.cfg.n_gpu_layers
+        if rpc and not n_gpu_layers:
+            n_gpu_layers = ALL_LAYERS
+        elif n_gpu_layers is None:
+            n_gpu_layers = layers_that_fit(path, self.cfg.n_ctx)
         model = Model(path, n_gpu_layers, repack, lambda share: self.progress(what, share, 1.0), rpc=rpc)
         self.loads[str(path)] += 1
         return model
@@ -447,6 +456,13 @@ class TextStream:
         n = complete_utf8_prefix(self.bytes)
         new, self.bytes = self.bytes[:n].decode("utf-8", "replace"), self.bytes[n:]
         if not new or self.stopped:
+            return
+        if not self.stops:  # nothing to hold back: out at once, in runs by source
+            if self._out and self._out[-1][1] == source:
+                self._out[-1] = (self._out[-1][0] + new, source)
+            else:
+                self._out.append((new, source))
+            self.text += new
             return
         if self.held and self.held[-1][1] == source:
             self.held[-1][0] += new

@@ -5,7 +5,7 @@ produced (greedy: the same tokens; T > 0: the same distribution), and the contro
 what the iteration emitted and cost. Plain decoding is the same iteration with an empty tree.
 
 The files one iteration runs through: this one, drafters/base.py (Drafter, Budget),
-verify.py (DraftTree, verify_tree) and llama/context.py (decode, the KV cache)."""
+verify.py (DraftTree, launch, accept) and llama/context.py (decode, the KV cache)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from localspec.control.controllers import Plain
 from localspec.drafters.base import Budget, Drafter
 from localspec.llama.context import Context
 from localspec.sampling import SamplingConfig, TokenSampler
-from localspec.verify import DraftTree, verify_tree
+from localspec.verify import DraftTree, accept, launch
 
 
 class Controller(Protocol):
@@ -96,6 +96,13 @@ class Iteration:
     n_drafted: int       # draft tokens verified
     seconds: float
     tree: DraftTree      # what was verified (empty: a plain step)
+    forward_seconds: float = 0.0  # of `seconds`, the target's forwards (the rest is the host's)
+
+    @property
+    def host_seconds(self) -> float:
+        """What the iteration spent outside the target's forward: drafting, sizing, acceptance,
+        KV edits, bookkeeping (a GPU's forward does not hide it)."""
+        return self.seconds - self.forward_seconds
 
 
 def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: SamplingConfig,
@@ -136,58 +143,77 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
     stats.prompt_ms += (t_start - t0) * 1e3
     stats.predicted_n += 1
     yield Iteration("prompt", "", None, [first], 0, 0, t_start - t0, DraftTree.empty())
+    # An iteration's time runs from the end of the last one, so what the caller does with an
+    # iteration (text, events) is paid by the next: the iterations' times add up to the wall
+    # clock's.
+    t_iter = time.perf_counter()
     n_out = 1
     pending = [first]  # emitted, not yet in the KV cache; the last is the next tree's root
-    while n_out < max_tokens and not (stop_at_eog and ctx.model.is_eog(first)):
-        t_iter = time.perf_counter()
+
+    def launch_next() -> tuple[DraftTree, Drafter | None, str, str, int, int]:
+        """Choose, draft and size the next iteration's tree and start its forward."""
         context = ctx.tokens + pending
         choice = controller.choose(context)
-        arm, phase = controller.arm, controller.phase
         room = min(max_tokens - n_out - 1, ctx.n_ctx - len(context) - 1,
                    (max_batch or ctx.n_ctx) - len(pending))
         tree, drafter = DraftTree.empty(), None
         if choice is not None and room > 0:
             drafter, budget, proposal = choice[0], choice[1].within(room), choice[2]
             tree = budget.size(proposal if proposal is not None else drafter.propose(context, budget))
-        n_past = len(ctx.tokens)
-        t_forward = time.perf_counter()
-        verdict = verify_tree(ctx, tree, pending, sampler, tie_bound, all_pending_rows=bool(followers))
-        if on_forward:
-            on_forward(len(pending) + len(tree), n_past, time.perf_counter() - t_forward)
-        if followers:  # the pending rows, then the accepted nodes the cache kept
-            commit(n_past, list(range(len(pending) + verdict.n_cached)))
-        if len(tree):  # a proposal sized to nothing was not verified: nothing to observe
-            drafter.observe(tree, verdict)
-        emitted = verdict.tokens
-        pending = emitted[verdict.n_cached:len(verdict.path)]  # accepted, not cached
-        forwards = 1
-        sampler.extend(emitted)
-        if verdict.unsettled:
-            emitted.append(settle(ctx, sampler, pending))
-            sampler.extend(emitted[-1:])
-            pending = []
-            forwards += 1
-            stats.settled += 1
-        pending.append(emitted[-1])
-        n_accepted = len(verdict.path)
-        for i, token in enumerate(emitted):  # the request may end inside what was emitted
-            if (stop_at_eog and ctx.model.is_eog(token)) or n_out + i + 1 == max_tokens:
-                del emitted[i + 1:]
-                n_accepted = min(n_accepted, len(emitted))
-                break
-        seconds = time.perf_counter() - t_iter
-        controller.record(len(emitted), seconds, len(tree), len(verdict.path))
-        n_out += len(emitted)
-        stats.predicted_n += len(emitted)
-        stats.predicted_ms += seconds * 1e3
-        stats.forwards += forwards
-        stats.draft_n += len(tree)
-        stats.draft_n_accepted += len(verdict.path)
-        stats.ran[arm] += 1
-        yield Iteration(arm, phase, drafter.name if drafter else None, emitted, n_accepted,
-                        len(tree), seconds, tree)
-        if stop_at_eog and ctx.model.is_eog(emitted[-1]):
-            return
+        launch(ctx, tree, pending, all_pending_rows=bool(followers))
+        return tree, drafter, controller.arm, controller.phase, len(ctx.tokens), len(pending)
+
+    # The next iteration's forward is launched before this one is handed out: on a GPU the
+    # device computes it while the caller turns this one into text and events.
+    ended = n_out >= max_tokens or (stop_at_eog and ctx.model.is_eog(first))
+    try:
+        flight = None if ended else launch_next()
+        while flight is not None:
+            tree, drafter, arm, phase, n_past, n_pending = flight
+            verdict = accept(ctx, tree, sampler, tie_bound)
+            forward = verdict.seconds
+            if on_forward:
+                on_forward(n_pending + len(tree), n_past, verdict.seconds)
+            if followers:  # the pending rows, then the accepted nodes the cache kept
+                commit(n_past, list(range(n_pending + verdict.n_cached)))
+            if len(tree):  # a proposal sized to nothing was not verified: nothing to observe
+                drafter.observe(tree, verdict)
+            emitted = verdict.tokens
+            pending = emitted[verdict.n_cached:len(verdict.path)]  # accepted, not cached
+            forwards = 1
+            sampler.extend(emitted)
+            if verdict.unsettled:
+                t_settle = time.perf_counter()
+                emitted.append(settle(ctx, sampler, pending))
+                forward += time.perf_counter() - t_settle
+                sampler.extend(emitted[-1:])
+                pending = []
+                forwards += 1
+                stats.settled += 1
+            pending.append(emitted[-1])
+            n_accepted = len(verdict.path)
+            for i, token in enumerate(emitted):  # the request may end inside what was emitted
+                if (stop_at_eog and ctx.model.is_eog(token)) or n_out + i + 1 == max_tokens:
+                    del emitted[i + 1:]
+                    n_accepted = min(n_accepted, len(emitted))
+                    break
+            t_end = time.perf_counter()
+            seconds, t_iter = t_end - t_iter, t_end
+            controller.record(len(emitted), seconds, len(tree), len(verdict.path))
+            n_out += len(emitted)
+            stats.predicted_n += len(emitted)
+            stats.predicted_ms += seconds * 1e3
+            stats.forwards += forwards
+            stats.draft_n += len(tree)
+            stats.draft_n_accepted += len(verdict.path)
+            stats.ran[arm] += 1
+            done = Iteration(arm, phase, drafter.name if drafter else None, emitted, n_accepted,
+                             len(tree), seconds, tree, forward)
+            ended = n_out >= max_tokens or (stop_at_eog and ctx.model.is_eog(emitted[-1]))
+            flight = None if ended else launch_next()
+            yield done
+    finally:
+        ctx.abandon()  # the caller stopped with a forward in flight: the cache holds ctx.tokens
 
 
 def settle(ctx: Context, sampler: TokenSampler, pending: list[int]) -> int:

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from localspec import _native
 from localspec.llama.context import Context
 from localspec.sampling import TokenSampler
 
@@ -50,10 +49,10 @@ class DraftTree:
                          self.q_ids[:end], self.q_probs[:end])
 
     def depths(self) -> np.ndarray:
-        d = np.zeros(len(self), np.int32)
-        for i, p in enumerate(self.parents):
-            d[i] = 1 if p < 0 else d[p] + 1
-        return d
+        d: list[int] = []
+        for p in self.parents.tolist():
+            d.append(1 if p < 0 else d[p] + 1)
+        return np.asarray(d, np.int32)
 
     def has_child(self) -> np.ndarray:
         has = np.zeros(len(self), bool)
@@ -75,23 +74,6 @@ class DraftTree:
     def n_leaves(self) -> int:
         return int((~self.has_child()).sum())
 
-    def path_seqs(self) -> list[list[int]]:
-        """Sequence ids of every node: one sequence per root-to-leaf path, so that a node
-        belongs to the paths of all the leaves below it (the tree-attention mask)."""
-        n = len(self)
-        has_child = self.has_child()
-        seqs: list[list[int]] = [[] for _ in range(n)]
-        leaf = 0
-        for i in range(n):
-            if not has_child[i]:
-                seqs[i].append(leaf)
-                leaf += 1
-        for i in range(n - 1, -1, -1):  # children come after parents: push sets upwards
-            p = self.parents[i]
-            if p >= 0:
-                seqs[p].extend(s for s in seqs[i] if s not in seqs[p])
-        return seqs
-
 
 @dataclass
 class Verdict:
@@ -99,37 +81,35 @@ class Verdict:
     tokens: list[int]   # their tokens, then the next token (the bonus or the correction)
     unsettled: bool     # strict mode: the next token is still to be drawn
     n_cached: int       # how many of the accepted tokens the KV cache kept (see verify_tree)
+    seconds: float = 0.0  # the target's forward: in llama_decode and waiting for its outputs
 
 
-def verify_tree(ctx: Context, tree: DraftTree, pending: list[int], sampler: TokenSampler,
-                tie_bound: float = 0.0, all_pending_rows: bool = False) -> Verdict:
-    """Decode `pending` (emitted tokens not yet in the KV cache; the last is the tree's root)
-    and the tree in one llama_decode, accept exactly, and leave sequence 0 holding the
-    context, `pending` and the accepted path up to its first gap. Rows: pending tokens first
-    (outputs for the root only, or for all with all_pending_rows), then the tree's nodes. An
-    empty tree is a plain step: the next token drawn from the root's row.
+def launch(ctx: Context, tree: DraftTree, pending: list[int], all_pending_rows: bool = False) -> None:
+    """Start the target's forward over `pending` (emitted tokens not yet in the KV cache; the
+    last is the tree's root) and the tree, in one llama_decode. Rows: pending tokens first
+    (outputs for the root only, or for all with all_pending_rows), then the tree's nodes. On a
+    GPU it runs on after this returns, while the host does other work."""
+    ctx.launch(pending, tree.tokens, tree.parents, all_pending_rows)
+
+
+def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler, tie_bound: float = 0.0) -> Verdict:
+    """Accept exactly from the launched forward's outputs, and leave sequence 0 holding the
+    context, the pending tokens and the accepted path up to its first gap. An empty tree is a
+    plain step: the next token drawn from the root's row.
 
     Why a gap matters: llama.cpp puts new tokens into the lowest free KV cells, and its CPU
     flash attention accumulates in cell order, so a token placed in the hole of a rejected
     node, before cells of earlier positions, would be computed slightly differently from
     plain decoding. Accepted nodes after the first hole are therefore dropped from the
     cache and come back as `pending` in the next decode; the cache stays in position order."""
-    n_past = len(ctx.tokens)  # positions: pending tokens from here, then the tree by depth
-    root_row = len(pending) - 1
-    seqs = tree.path_seqs()
-    n_seqs = max(1, tree.n_leaves())
-    ctx.share(n_seqs)
-    pos = [*range(n_past, n_past + len(pending)), *(n_past + root_row + tree.depths()).tolist()]
-    ctx.decode([*pending, *tree.tokens.tolist()], pos,
-               seq_ids=[list(range(n_seqs))] * len(pending) + seqs,
-               outputs=[all_pending_rows] * root_row + [True] * (len(tree) + 1))
-    path, nxt, unsettled = _native.verify(
-        ctx.ptr, ctx.model.n_vocab, root_row, tree.tokens, tree.parents, tree.q_offsets,
-        tree.q_ids, tree.q_probs, sampler.sampler, sampler.history, sampler.rng, tie_bound)
-    n_cached = 0
-    while n_cached < len(path) and path[n_cached] == n_cached:
-        n_cached += 1  # node i sits in the i-th cell after the root: no hole so far
-    ctx.keep_path(seqs[path[n_cached - 1]][0] if n_cached else 0,
-                  [*pending, *(int(tree.tokens[i]) for i in path[:n_cached])], n_seqs)
-    return Verdict(path, [int(tree.tokens[i]) for i in path] + ([nxt] if nxt >= 0 else []),
-                   unsettled, n_cached)
+    path, nxt, unsettled, n_cached, seconds = ctx.finish(tree.q_offsets, tree.q_ids, tree.q_probs, sampler,
+                                                         tie_bound)
+    return Verdict(path, tree.tokens[path].tolist() + ([nxt] if nxt >= 0 else []), unsettled, n_cached,
+                   seconds)
+
+
+def verify_tree(ctx: Context, tree: DraftTree, pending: list[int], sampler: TokenSampler,
+                tie_bound: float = 0.0, all_pending_rows: bool = False) -> Verdict:
+    """launch, then accept."""
+    launch(ctx, tree, pending, all_pending_rows)
+    return accept(ctx, tree, sampler, tie_bound)

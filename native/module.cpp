@@ -16,8 +16,10 @@
 #include "rpc.h"
 #include "ggml-rpc.h"
 #include "sampling.h"
+#include "step.h"
 #include "suffix.h"
 #include "verify.h"
+#include "vocab.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -56,10 +58,8 @@ nb::ndarray<nb::numpy, float> to_numpy(std::vector<float> && v, std::initializer
     return nb::ndarray<nb::numpy, float>(owned->data(), shape.size(), shape.begin(), owner);
 }
 
-// A draft tree from numpy arrays; q arrays empty = deterministic drafts.
-ls::draft_tree make_tree(const vec_in<const int32_t> & tokens, const vec_in<const int32_t> & parents,
-                         const vec_in<const int32_t> & q_offsets, const vec_in<const int32_t> & q_ids,
-                         const vec_in<const float> & q_probs) {
+// A draft tree's shape from numpy arrays, checked.
+ls::draft_tree tree_of(const vec_in<const int32_t> & tokens, const vec_in<const int32_t> & parents) {
     const size_t n = tokens.shape(0);
     if (parents.shape(0) != n) throw nb::value_error("tree: tokens and parents differ in length");
     for (size_t i = 0; i < n; ++i) {
@@ -71,6 +71,15 @@ ls::draft_tree make_tree(const vec_in<const int32_t> & tokens, const vec_in<cons
     t.n_nodes = int32_t(n);
     t.tokens  = tokens.data();
     t.parents = parents.data();
+    return t;
+}
+
+// A draft tree from numpy arrays; q arrays empty = deterministic drafts.
+ls::draft_tree make_tree(const vec_in<const int32_t> & tokens, const vec_in<const int32_t> & parents,
+                         const vec_in<const int32_t> & q_offsets, const vec_in<const int32_t> & q_ids,
+                         const vec_in<const float> & q_probs) {
+    ls::draft_tree t = tree_of(tokens, parents);
+    const size_t n = tokens.shape(0);
     if (q_offsets.shape(0) > 0) {
         if (q_offsets.shape(0) != n + 1 || size_t(q_offsets(n)) != q_ids.shape(0) ||
             q_ids.shape(0) != q_probs.shape(0)) {
@@ -81,10 +90,6 @@ ls::draft_tree make_tree(const vec_in<const int32_t> & tokens, const vec_in<cons
         t.q_probs   = q_probs.data();
     }
     return t;
-}
-
-nb::tuple result_tuple(const ls::verify_result & r) {
-    return nb::make_tuple(r.path, r.next, r.unsettled);
 }
 
 }  // namespace
@@ -155,27 +160,59 @@ NB_MODULE(_native, m) {
         "ctx"_a, "tokens"_a, "pos"_a, "seq_offsets"_a, "seq_ids"_a, "outputs"_a,
         "One llama_decode; token i belongs to seq_ids[seq_offsets[i]:seq_offsets[i+1]].");
 
+    nb::class_<ls::launched>(m, "Launched")
+        .def_ro("n_past", &ls::launched::n_past)
+        .def_ro("n_pending", &ls::launched::n_pending);
+
     m.def(
-        "verify",
-        [](uintptr_t ctx, int32_t n_vocab, int32_t root_row, vec_in<const int32_t> tokens,
-           vec_in<const int32_t> parents, vec_in<const int32_t> q_offsets, vec_in<const int32_t> q_ids,
-           vec_in<const float> q_probs, ls::sampler & smp, vec_in<const int32_t> history, ls::rng & r,
-           float tie_bound) {
-            ls::draft_tree tree = make_tree(tokens, parents, q_offsets, q_ids, q_probs);
-            tree.root_row = root_row;
-            ls::verify_result res;
+        "launch",
+        [](uintptr_t ctx, int32_t n_past, vec_in<const int32_t> pending, vec_in<const int32_t> tokens,
+           vec_in<const int32_t> parents, bool all_pending_rows) {
+            const ls::draft_tree tree = tree_of(tokens, parents);
+            auto * batch = new ls::launched();
+            int32_t status;
             {
                 nb::gil_scoped_release release;
-                res = ls::verify_tree(reinterpret_cast<llama_context *>(ctx), n_vocab, tree, smp, r,
-                                      history.data(), int32_t(history.shape(0)), tie_bound);
+                status = ls::launch(reinterpret_cast<llama_context *>(ctx), n_past, pending.data(),
+                                    int32_t(pending.shape(0)), tree, all_pending_rows, *batch);
             }
-            return result_tuple(res);
+            return nb::make_tuple(nb::cast(batch, nb::rv_policy::take_ownership), status);
         },
-        "ctx"_a, "n_vocab"_a, "root_row"_a, "tokens"_a, "parents"_a, "q_offsets"_a, "q_ids"_a,
-        "q_probs"_a, "sampler"_a, "history"_a, "rng"_a, "tie_bound"_a = 0.0f,
-        "Verify a draft tree against the logits of the last decode (root at root_row, node i\n"
-        "at root_row + 1 + i). "
-        "Returns (accepted node indices, next token, unsettled).");
+        "ctx"_a, "n_past"_a, "pending"_a, "tokens"_a, "parents"_a, "all_pending_rows"_a,
+        "Start the target's forward over the pending tokens and a draft tree (a GPU computes it\n"
+        "after this returns). Returns (the batch in flight, llama_decode's status).");
+    m.def(
+        "finish",
+        [](uintptr_t ctx, const ls::launched & batch, vec_in<const int32_t> q_offsets, vec_in<const int32_t> q_ids,
+           vec_in<const float> q_probs, ls::sampler & smp, vec_in<const int32_t> history, ls::rng & r,
+           float tie_bound) {
+            const size_t n = batch.tokens.size();
+            const bool sampled = q_offsets.shape(0) > 0;
+            if (sampled && (q_offsets.shape(0) != n + 1 || size_t(q_offsets(n)) != q_ids.shape(0) ||
+                            q_ids.shape(0) != q_probs.shape(0))) {
+                throw nb::value_error("finish: draft distributions disagree in length");
+            }
+            ls::step_result res;
+            {
+                nb::gil_scoped_release release;
+                res = ls::finish(reinterpret_cast<llama_context *>(ctx), batch, sampled ? q_offsets.data() : nullptr,
+                                 sampled ? q_ids.data() : nullptr, sampled ? q_probs.data() : nullptr, smp, r,
+                                 history.data(), int32_t(history.shape(0)), tie_bound);
+            }
+            return nb::make_tuple(res.verdict.path, res.verdict.next, res.verdict.unsettled, res.n_cached,
+                                  res.forward_s);
+        },
+        "ctx"_a, "batch"_a, "q_offsets"_a, "q_ids"_a, "q_probs"_a, "sampler"_a, "history"_a, "rng"_a,
+        "tie_bound"_a = 0.0f,
+        "Wait for a launched batch, verify its tree, keep the accepted path in the KV cache.\n"
+        "Returns (accepted node indices, next token, unsettled, nodes cached, seconds in the forward).");
+    m.def(
+        "abandon",
+        [](uintptr_t ctx, const ls::launched & batch) {
+            nb::gil_scoped_release release;
+            ls::abandon(reinterpret_cast<llama_context *>(ctx), batch);
+        },
+        "ctx"_a, "batch"_a, "Wait for a launched batch and drop what it added to the KV cache.");
 
     m.def(
         "verify_trials",
@@ -359,6 +396,23 @@ NB_MODULE(_native, m) {
             },
             "f"_a, "row"_a, "q"_a, "P(accepted) of each token q[i] drafted under hidden state f[row[i]].");
 
+    m.def(
+        "vocab_pieces",
+        [](uintptr_t model) {
+            const llama_vocab * v = llama_model_get_vocab(reinterpret_cast<llama_model *>(model));
+            std::string pieces;
+            {
+                nb::gil_scoped_release release;
+                pieces = ls::vocab_pieces(v);
+            }
+            return nb::bytes(pieces.data(), pieces.size());
+        },
+        "model"_a, "Every token's piece (special tokens rendered), each followed by a NUL byte.");
+    m.def(
+        "eog_tokens",
+        [](uintptr_t model) { return ls::eog_tokens(llama_model_get_vocab(reinterpret_cast<llama_model *>(model))); },
+        "model"_a, "The token ids that end generation.");
+
     m.def("system_info", []() { return std::string(llama_print_system_info()); },
           "llama.cpp's system info, as the linked library reports it.");
 
@@ -369,6 +423,16 @@ NB_MODULE(_native, m) {
         for (auto d : devices) out.push_back(reinterpret_cast<uintptr_t>(d));
         return out;
     };
+    m.def("gpus", []() {
+              std::vector<std::tuple<std::string, size_t, size_t>> out;
+              for (ggml_backend_dev_t dev : local_gpus()) {
+                  size_t free = 0, total = 0;
+                  ggml_backend_dev_memory(dev, &free, &total);
+                  out.emplace_back(ggml_backend_dev_description(dev), free, total);
+              }
+              return out;
+          },
+          "This machine's GPUs that the linked llama.cpp can use: (description, free bytes, total bytes).");
     m.def("rpc_add_server", [addresses](const std::string & endpoint) { return addresses(rpc_add_server(endpoint)); },
           "endpoint"_a, "Register a running rpc-server's devices; their addresses.");
     m.def("local_gpus", [addresses]() { return addresses(local_gpus()); },

@@ -53,6 +53,34 @@ void select_top_k(const float * logits, int32_t n_vocab, int32_t k,
 
 }  // namespace
 
+int32_t argmax(const float * logits, int32_t n_vocab) {
+    // The row is read once per accepted token of every iteration (152k floats for Qwen): one
+    // pass in independent lanes, each keeping its largest logit and where it was first seen,
+    // which the compiler turns into vector compares and blends. A branchy single pass runs
+    // several times slower.
+    constexpr int32_t lanes = 16;
+    float   best[lanes];
+    int32_t at[lanes];
+    for (int32_t j = 0; j < lanes; ++j) { best[j] = -INFINITY; at[j] = j; }
+    const int32_t n_full = n_vocab / lanes * lanes;
+    for (int32_t i = 0; i < n_full; i += lanes) {
+        for (int32_t j = 0; j < lanes; ++j) {
+            const bool more = logits[i + j] > best[j];  // NaN never is: it is skipped
+            best[j] = more ? logits[i + j] : best[j];
+            at[j]   = more ? i + j : at[j];
+        }
+    }
+    float   b  = -INFINITY;
+    int32_t id = 0;
+    for (int32_t j = 0; j < lanes; ++j) {  // the largest, and the lowest id on a tie
+        if (best[j] > b || (best[j] == b && at[j] < id)) { b = best[j]; id = at[j]; }
+    }
+    for (int32_t i = n_full; i < n_vocab; ++i) {
+        if (logits[i] > b) { b = logits[i]; id = i; }
+    }
+    return id;
+}
+
 void sampler::transform(float * logits, int32_t n_vocab, const int32_t * history,
                         int32_t n_history, distribution & out) {
     const sampling_params & p = params_;
@@ -61,11 +89,7 @@ void sampler::transform(float * logits, int32_t n_vocab, const int32_t * history
     out.probs.clear();
 
     if (greedy()) {
-        int32_t best   = 0;
-        float   best_l = logits[0];
-        for (int32_t i = 1; i < n_vocab; ++i) {
-            if (logits[i] > best_l) { best_l = logits[i]; best = i; }
-        }
+        const int32_t best = argmax(logits, n_vocab);
         restore(logits, saved_);
         out.ids.push_back(best);
         out.probs.push_back(1.0f);

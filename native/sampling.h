@@ -51,6 +51,9 @@ private:
     std::vector<std::pair<float, int32_t>> scratch_; // (logit, id) candidates
 };
 
+// The id of the largest logit (the lowest such id on a tie).
+int32_t argmax(const float * logits, int32_t n_vocab);
+
 // Draw from a distribution: the first id whose cumulative probability exceeds a uniform u.
 int32_t draw(const distribution & dist, rng & r);
 

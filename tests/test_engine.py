@@ -11,7 +11,8 @@ from localspec.llama.context import ContextConfig
 from localspec.llama.cost import CostCurve
 from localspec.llama.text import StreamDecoder, chat_tokens, complete_utf8_prefix
 from localspec.loop import generate
-from localspec.sampling import SamplingConfig
+from localspec.sampling import SamplingConfig, TokenSampler
+from localspec.verify import DraftTree, verify_tree
 
 N_TOKENS = 48
 PROMPTS = [  # plain completions llama-cpp-python's Llama class also decodes
@@ -84,20 +85,18 @@ def test_batch_with_positions_and_sequence_sets_matches_one_by_one(small_model):
 
 
 def test_shared_token_in_two_sequences(small_model):
-    """A token that belongs to two sequences is seen by both (the tree-attention mask), and
-    keep_path leaves sequence 0 holding one path and nothing else."""
+    """Two sibling nodes with the same token each see the root, which belongs to both their
+    sequences (the tree-attention mask), so their logits are equal; after verification
+    sequence 0 holds one path and nothing else."""
     m = small_model
     a, b = m.tokenize("Hello"), m.tokenize(" world", add_special=False)
     with Context(m, ContextConfig(n_ctx=256, n_seq_max=2)) as ctx:
         ctx.extend(a)
-        ctx.share(2)
-        ctx.decode(b[:1], [len(a)], seq_ids=[[0, 1]])
-        ctx.decode([b[0], b[0]], [len(a) + 1] * 2, seq_ids=[[0], [1]], outputs=[True, True])
-        np.testing.assert_array_equal(ctx.logits(0), ctx.logits(1))
-        assert ctx.seq_pos_max(0) == ctx.seq_pos_max(1) == len(a) + 1
-        ctx.keep_path(1, [b[0], b[0]], n_seqs=2)
-        assert ctx.seq_pos_max(0) == len(a) + 1 and ctx.seq_pos_max(1) == -1
-        assert ctx.tokens == a + [b[0], b[0]]
+        tree = DraftTree(np.array([b[0], b[0]], np.int32), np.array([-1, -1], np.int32), np.ones(2))
+        verdict = verify_tree(ctx, tree, [b[0]], TokenSampler(SamplingConfig()))
+        np.testing.assert_array_equal(ctx.logits(1), ctx.logits(2))
+        assert ctx.seq_pos_max(1) == -1 and ctx.seq_pos_max(0) == len(ctx.tokens) - 1
+        assert ctx.tokens == a + [b[0]] + [b[0]] * verdict.n_cached
 
 
 def test_logits_and_hidden_are_views_into_llama_buffers(small_model):
@@ -276,3 +275,18 @@ def test_a_live_curve_learns_what_forwards_cost():
     fresh = LiveCurve(measured)
     fresh.observe(2, 256, 0.56)
     assert fresh.at(256).cost(2) < 1.07 * measured.cost(2)
+
+
+def test_layers_that_fit_a_gpu(qwen_path, monkeypatch):
+    """With a GPU build, a model goes where it fits: every layer, a share, or none. The
+    arithmetic reads the model's metadata (asking a model loaded without weights for its layer
+    hyperparameters aborts llama.cpp, as it did on the first GPU run). No GPU here: its free
+    memory is given."""
+    from localspec.llama import placement
+
+    size = qwen_path.stat().st_size
+    for free, expect in ((16 << 30, placement.ALL_LAYERS), (size // 2 + placement.RESERVE, range(1, 24)),
+                         (placement.RESERVE // 2, range(0, 1))):
+        monkeypatch.setattr(placement, "gpus", lambda: [("a GPU", free, 16 << 30)])
+        n = placement.layers_that_fit(qwen_path, 4096)
+        assert n == expect if isinstance(expect, int) else n in expect, (free, n)

@@ -230,7 +230,7 @@ class ChatApp(App):
             return
         self.engine = m.engine
         self.model_name = m.engine.cfg.model
-        self.idle_status()
+        self.status(f"{m.engine.where} · Ctrl+P: commands · F1: keys")  # until an answer's numbers
 
     def idle_status(self) -> None:
         """The model, and the last answer's numbers (or where to start)."""

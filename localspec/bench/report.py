@@ -35,8 +35,9 @@ def _pct(x: float | None) -> str:
 def table(configs: list[Config]) -> str:
     base = configs[0].tokens_per_s
     server_plain = next((c.tokens_per_s for c in configs if c.name == "llama-server plain"), None)
-    rows = ["| config | tokens/s | speedup vs plain [95% interval] | τ | acceptance | identical to plain | failed |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| config | tokens/s | speedup vs plain [95% interval] | τ | acceptance | host ms/iter | "
+            "identical to plain | failed |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for c in configs:
         n = len(c.runs)
         ident = [r.identical for r in c.ok_runs if r.identical is not None]
@@ -50,7 +51,8 @@ def table(configs: list[Config]) -> str:
             sp += f" ({c.tokens_per_s / server_plain:.2f}× its plain)"
         tau = "-" if c.tau is None else f"{c.tau:.2f}"
         failed = sum(1 for r in c.runs if r.failed)
-        rows.append(f"| {c.name} | {c.tokens_per_s:.2f} | {sp} | {tau} | {_pct(c.acceptance)} | "
+        host = "-" if c.host_ms is None else f"{c.host_ms:.2f}"
+        rows.append(f"| {c.name} | {c.tokens_per_s:.2f} | {sp} | {tau} | {_pct(c.acceptance)} | {host} | "
                     f"{ident_s} | {failed}/{n} |")
     return "\n".join(rows)
 
@@ -75,7 +77,9 @@ def to_json(configs: list[Config], meta: dict) -> dict:
     return {"meta": {**meta, "copy_ceiling": copy_ceiling(configs)}, "configs": [{
         "name": c.name, "drafter": c.drafter, "tokens_per_s": c.tokens_per_s,
         "speedup": _speedup(c, base), "speedup_95": speedup_interval(c, configs[0]) if i else None,
-        "tau": c.tau, "acceptance": c.acceptance,
+        "tau": c.tau, "acceptance": c.acceptance, "host_ms": c.host_ms,
+        "host_ms_by_batch": c.by_batch("host"), "iteration_ms_by_batch": c.by_batch("iteration"),
+        "forward_ms_by_batch": c.by_batch("forward"), "forward_share": c.forward_share,
         "identical": sum(1 for r in c.ok_runs if r.identical),
         "ties": sum(1 for r in c.ok_runs if r.tie), "n": len(c.runs),
         "failed": [r.failed for r in c.runs if r.failed]} for i, c in enumerate(configs)]}

@@ -15,6 +15,7 @@ from localspec.bench.ceiling import Corpus, copy_ceiling
 from localspec.bench.workloads import Prompt, Warm
 from localspec.drafters.spec import NONE, DrafterSpec
 from localspec.engine import Engine, Request
+from localspec.loop import Iteration
 from localspec.llama.text import chat_tokens
 from localspec.sampling import SamplingConfig
 from localspec.serve.app import ServeConfig
@@ -37,6 +38,9 @@ class Run:
     # plain decoding's greedy answer only: (its seconds, a clairvoyant copier's) on the cost
     # curve (bench/ceiling.py)
     ceiling: tuple[float, float] | None = None
+    # Per iteration after the prompt: (batch size, its seconds, of them the target's forwards;
+    # the rest is the host's: loop.Iteration.host_seconds).
+    iterations: list[tuple[int, float, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -69,6 +73,27 @@ class Config:
         d = self.total("drafted")
         return self.total("accepted") / d if d else None
 
+    @property
+    def host_ms(self) -> float | None:
+        """Median host milliseconds per iteration, outside the target's forwards."""
+        host = [s - f for r in self.ok_runs for _, s, f in r.iterations]
+        return float(np.median(host)) * 1e3 if host else None
+
+    def by_batch(self, which: str) -> dict[int, float]:
+        """Median milliseconds per iteration by batch size (1: a step that verified no draft):
+        of the host ("host"), of the whole iteration ("iteration") or of its forward."""
+        by: dict[int, list[float]] = {}
+        for r in self.ok_runs:
+            for n, s, f in r.iterations:
+                by.setdefault(n, []).append({"host": s - f, "iteration": s, "forward": f}[which])
+        return {n: float(np.median(v)) * 1e3 for n, v in sorted(by.items())}
+
+    @property
+    def forward_share(self) -> float | None:
+        """The share of the iterations' time spent in the target's forwards."""
+        total = sum(s for r in self.ok_runs for _, s, _ in r.iterations)
+        return sum(f for r in self.ok_runs for _, _, f in r.iterations) / total if total else None
+
 
 def prompt_tokens(engine: Engine, p: Prompt) -> list[int]:
     if p.kind == "chat":
@@ -84,11 +109,19 @@ def run_ours(engine: Engine, tokens: list[int], drafter: DrafterSpec, max_tokens
              sampling: SamplingConfig, on_iteration=None) -> tuple[list[int], Run]:
     engine.ctx.clear()  # every configuration starts cold: no prefix cache between them
     request = Request(prompt=tokens, sampling=sampling, max_tokens=max_tokens, drafter=drafter)
-    *_, done = engine.generate(request, on_iteration=on_iteration)
+    iterations: list[tuple[int, float, float]] = []
+
+    def seen(it: Iteration) -> None:
+        if it.arm != "prompt":
+            iterations.append((1 + it.n_drafted, it.seconds, it.forward_seconds))
+        if on_iteration:
+            on_iteration(it)
+    *_, done = engine.generate(request, on_iteration=seen)
     s = done.stats
     return done.tokens, Run(n_tokens=s.predicted_n, n_timed=s.predicted_n - 1,
                             seconds=s.predicted_ms / 1e3, drafted=s.draft_n, accepted=s.draft_n_accepted,
-                            forwards=s.forwards + 1 if s.forwards else 0, settled=s.settled)
+                            forwards=s.forwards + 1 if s.forwards else 0, settled=s.settled,
+                            iterations=iterations)
 
 
 def near_tie(engine: Engine, prompt: list[int], plain: list[int], other: list[int]) -> bool:

@@ -15,7 +15,6 @@ is fixed at construction."""
 
 from __future__ import annotations
 
-import numpy as np
 
 from localspec.llama.context import Context
 from localspec.llama.cost import CostCurve
@@ -57,11 +56,14 @@ class Budget:
             while n_max and tree.prefix(n_max).n_leaves() > self.n_seq_max:
                 n_max -= 1
             return tree.prefix(n_max)
-        gain = 1.0 + np.concatenate([[0.0], np.cumsum(tree.reach[:n_max])])
-        cost = np.array([self.curve.cost(1 + n) for n in range(n_max + 1)])
-        for n in np.argsort(-(gain / cost), kind="stable"):
-            if n == 0 or tree.prefix(int(n)).n_leaves() <= self.n_seq_max:
-                return tree.prefix(int(n))
+        # Plain floats: a few dozen nodes, every iteration, where numpy's calls cost more.
+        rates, gain, seconds = [1.0 / self.curve.seconds[0]], 1.0, self.curve.seconds
+        for n, reach in enumerate(tree.reach[:n_max].tolist(), 1):
+            gain += reach
+            rates.append(gain / seconds[n])  # seconds[n] = cost(1 + n)
+        for n in sorted(range(n_max + 1), key=lambda n: -rates[n]):  # stable: fewer nodes first
+            if n == 0 or tree.prefix(n).n_leaves() <= self.n_seq_max:
+                return tree.prefix(n)
         return tree.prefix(0)
 
     def speedup(self, tree: DraftTree) -> float:

@@ -7,6 +7,7 @@ import numpy as np
 
 from localspec import _native
 from localspec.drafters.base import Budget, DecayingRatio, Drafter
+from localspec.sampling import SamplingConfig
 from localspec.verify import DraftTree, Verdict
 
 
@@ -21,10 +22,17 @@ class LookupDrafter(Drafter):
         self.max_occurrences = max_occurrences
         self.acceptance = MatchAcceptance(n_min)
 
-    def _sync(self, context: list[int]) -> None:
-        """Index exactly `context`: extend when it grew, rebuild when it changed."""
+    def begin(self, prompt: list[int], sampling: SamplingConfig) -> None:
+        self._sync(prompt, whole=True)
+
+    def _sync(self, context: list[int], whole: bool = False) -> None:
+        """Index exactly `context`: extend when it continues what is indexed, rebuild when not.
+        Within a request the context only grows, so there its first and last indexed tokens
+        are checked (comparing all of it took a fifth of a millisecond an iteration); a new
+        request's prompt (`whole`) is compared in full."""
         n = len(self.seen)
-        if n > len(context) or context[:n] != self.seen:
+        if n > len(context) or (context[:n] != self.seen if whole else
+                                n and (context[0] != self.seen[0] or context[n - 1] != self.seen[-1])):
             self.index.reset()
             self.seen = []
             n = 0

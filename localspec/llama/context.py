@@ -72,6 +72,7 @@ class Context:
         # any cached position is exact wherever it came from.
         self.all_exact = False
         self._last: tuple[int, np.ndarray] | None = None  # (prompt length, its last logits)
+        self._inflight = None  # a launched batch not yet finished (launch, finish)
         self._one = (np.zeros(1, np.int32), np.zeros(1, np.int32), np.array([0, 1], np.int32),
                      np.zeros(1, np.int32), np.ones(1, np.int8))
 
@@ -114,10 +115,45 @@ class Context:
         self._decode(np.asarray(tokens, np.int32), np.asarray(pos, np.int32), offsets, flat, out)
 
     def _decode(self, tokens, pos, offsets, flat, out) -> None:
-        status = _native.decode(self.ptr, tokens, pos, offsets, flat, out)
-        if status != 0:
-            why = {1: "no KV-cache slot (context full?)", 2: "aborted"}.get(status, "failed")
-            raise LocalspecError(f"llama_decode {why} (status {status}, {len(tokens)} tokens)")
+        if self._inflight is not None:
+            raise LocalspecError("a launched batch is not finished yet")
+        _check_status(_native.decode(self.ptr, tokens, pos, offsets, flat, out), len(tokens))
+
+    def launch(self, pending: Sequence[int], tokens: np.ndarray, parents: np.ndarray,
+               all_pending_rows: bool = False) -> None:
+        """Start one forward over `pending` (emitted, not yet in the cache; the last is the
+        root) and a draft tree (tokens, parents) in one native call (native/step.h), the GIL
+        released. A GPU computes it after this returns: finish() waits for it."""
+        if self._inflight is not None:
+            raise LocalspecError("a batch is already in flight on this context")
+        n = len(pending) + len(tokens)
+        if n > self.config.n_batch:
+            raise LocalspecError(f"batch of {n} tokens exceeds n_batch={self.config.n_batch}")
+        self._check_room(n)
+        pending = np.asarray(pending, np.int32)
+        batch, status = _native.launch(self.ptr, len(self.tokens), pending, tokens, parents, all_pending_rows)
+        _check_status(status, n)
+        self._inflight = (batch, pending, tokens)
+
+    def finish(self, q_offsets: np.ndarray, q_ids: np.ndarray, q_probs: np.ndarray, sampler,
+               tie_bound: float = 0.0) -> tuple[list[int], int, bool, int, float]:
+        """Wait for the launched batch, accept exactly with `sampler` (a TokenSampler; q_*: the
+        distributions sampled nodes were drawn from), and keep in sequence 0 the pending tokens
+        and the accepted path up to its first gap. Returns (accepted nodes, the next token,
+        unsettled, nodes cached, seconds in llama_decode and waiting for its outputs)."""
+        batch, pending, tokens = self._inflight
+        self._inflight = None
+        path, nxt, unsettled, n_cached, seconds = _native.finish(
+            self.ptr, batch, q_offsets, q_ids, q_probs, sampler.sampler, sampler.history, sampler.rng, tie_bound)
+        self.tokens.extend(pending.tolist())
+        self.tokens.extend(tokens[path[:n_cached]].tolist())
+        return path, nxt, unsettled, n_cached, seconds
+
+    def abandon(self) -> None:
+        """Drop a launched batch that nobody will finish: the cache holds `tokens` again."""
+        if self._inflight is not None:
+            _native.abandon(self.ptr, self._inflight[0])
+            self._inflight = None
 
     def append(self, token: int) -> None:
         """Decode one token at the end of sequence 0, keeping its logits at row 0."""
@@ -251,28 +287,11 @@ class Context:
             self._last = None
 
     def clear(self) -> None:
+        self.abandon()
         ll.llama_memory_clear(self.mem, True)
         self.tokens.clear()
         self.n_exact = 0
         self._last = None
-
-    def share(self, n_seqs: int) -> None:
-        """Let sequences 1..n_seqs-1 see every cell of sequence 0 (the paths of a draft tree
-        all start from the committed context)."""
-        for s in range(1, n_seqs):
-            ll.llama_memory_seq_cp(self.mem, 0, s, 0, -1)
-
-    def keep_path(self, seq: int, tokens: list[int], n_seqs: int) -> None:
-        """After a tree's decode: sequence 0 keeps what it held, then `tokens` (the pending ones
-        and the accepted path), taken from sequence `seq`; every other cell is dropped."""
-        n_keep = len(self.tokens) + len(tokens)
-        if n_seqs > 1:
-            ll.llama_memory_seq_keep(self.mem, seq)
-        self._seq_rm(seq, n_keep, -1)
-        if seq != 0:
-            ll.llama_memory_seq_cp(self.mem, seq, 0, 0, -1)
-            self._seq_rm(seq, 0, -1)
-        self.tokens.extend(tokens)
 
     def branch(self, src: int, dst: int) -> None:
         """Make sequence `dst` a copy of sequence `src` (a draft tree's next level)."""
@@ -291,6 +310,12 @@ class Context:
     def _seq_rm(self, seq: int, p0: int, p1: int) -> None:
         if not ll.llama_memory_seq_rm(self.mem, seq, p0, p1):
             raise LocalspecError(f"cannot remove positions [{p0}, {p1}) of sequence {seq}")
+
+
+def _check_status(status: int, n_tokens: int) -> None:
+    if status != 0:
+        why = {1: "no KV-cache slot (context full?)", 2: "aborted"}.get(status, "failed")
+        raise LocalspecError(f"llama_decode {why} (status {status}, {n_tokens} tokens)")
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -125,6 +125,7 @@ class Model:
             fim_rep=ll.llama_vocab_fim_rep(v), fim_sep=ll.llama_vocab_fim_sep(v),
         )
         self._piece_cache: dict[int, bytes] = {}
+        self._eog = frozenset(_native.eog_tokens(ptr))  # asked of every token generated
 
     def close(self) -> None:
         if self.ptr:
@@ -192,13 +193,10 @@ class Model:
     @functools.cached_property
     def tokenizer_hash(self) -> str:
         """A hash of the vocabulary's token pieces: two GGUFs with the same value tokenize alike."""
-        h = hashlib.sha256()
-        for t in range(self.n_vocab):
-            h.update(self.token_bytes(t, special=True) + b"\0")
-        return h.hexdigest()[:16]
+        return hashlib.sha256(_native.vocab_pieces(self.ptr)).hexdigest()[:16]
 
     def detokenize(self, tokens: list[int], special: bool = False) -> str:
         return b"".join(self.token_bytes(t, special) for t in tokens).decode("utf-8", "replace")
 
     def is_eog(self, token: int) -> bool:
-        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+        return token in self._eog

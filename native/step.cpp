@@ -1,0 +1,135 @@
+#include "step.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "decode.h"
+
+namespace ls {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double since(clock_type::time_point t0) {
+    return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+void seq_rm(llama_memory_t mem, llama_seq_id seq, llama_pos p0, llama_pos p1) {
+    if (!llama_memory_seq_rm(mem, seq, p0, p1)) {
+        throw std::runtime_error("cannot remove positions of sequence " + std::to_string(seq));
+    }
+}
+
+// The tree-attention mask as sequence sets: one sequence per leaf (numbered in node order),
+// and every node in the sequences of the leaves below it.
+int32_t path_sequences(const draft_tree & tree, std::vector<std::vector<int32_t>> & seqs) {
+    const int32_t n = tree.n_nodes;
+    std::vector<bool> has_child(n, false);
+    for (int32_t i = 0; i < n; ++i) {
+        if (tree.parents[i] >= 0) has_child[tree.parents[i]] = true;
+    }
+    seqs.assign(n, {});
+    int32_t n_leaves = 0;
+    for (int32_t i = 0; i < n; ++i) {
+        if (!has_child[i]) seqs[i].push_back(n_leaves++);
+    }
+    for (int32_t i = n - 1; i >= 0; --i) {  // children come after parents: push sets upwards
+        const int32_t p = tree.parents[i];
+        if (p >= 0) seqs[p].insert(seqs[p].end(), seqs[i].begin(), seqs[i].end());
+    }
+    return n_leaves;
+}
+
+void drop(llama_memory_t mem, const launched & b) {
+    for (int32_t s = 1; s < b.n_seqs; ++s) seq_rm(mem, s, 0, -1);
+    seq_rm(mem, 0, b.n_past, -1);
+}
+
+}  // namespace
+
+int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int32_t n_pending,
+               const draft_tree & tree, bool all_pending_rows, launched & out) {
+    if (n_pending < 1) throw std::invalid_argument("launch: the root must be pending");
+    std::vector<std::vector<int32_t>> seqs;
+    out.n_past = n_past;
+    out.n_pending = n_pending;
+    out.n_seqs = std::max(1, path_sequences(tree, seqs));
+    if (out.n_seqs > int32_t(llama_n_seq_max(ctx))) {
+        throw std::invalid_argument("launch: the tree has more leaves than the context has sequences");
+    }
+    out.tokens.assign(tree.tokens, tree.tokens + tree.n_nodes);
+    out.parents.assign(tree.parents, tree.parents + tree.n_nodes);
+    out.seq_of.resize(tree.n_nodes);
+    llama_memory_t mem = llama_get_memory(ctx);
+    for (int32_t s = 1; s < out.n_seqs; ++s) llama_memory_seq_cp(mem, 0, s, 0, -1);
+
+    // Rows: pending tokens (in every sequence), then the nodes at the root's position + depth.
+    const int32_t n_rows = n_pending + tree.n_nodes, root = n_pending - 1;
+    std::vector<int32_t> tokens(n_rows), pos(n_rows), offsets(n_rows + 1, 0), flat, depth(tree.n_nodes);
+    std::vector<int8_t>  outputs(n_rows, 0);
+    for (int32_t i = 0; i < n_pending; ++i) {
+        tokens[i] = pending[i];
+        pos[i] = n_past + i;
+        outputs[i] = all_pending_rows || i == root;
+        for (int32_t s = 0; s < out.n_seqs; ++s) flat.push_back(s);
+        offsets[i + 1] = int32_t(flat.size());
+    }
+    for (int32_t i = 0; i < tree.n_nodes; ++i) {
+        const int32_t p = tree.parents[i], row = n_pending + i;
+        depth[i] = p < 0 ? 1 : depth[p] + 1;
+        tokens[row] = tree.tokens[i];
+        pos[row] = n_past + root + depth[i];
+        outputs[row] = 1;
+        flat.insert(flat.end(), seqs[i].begin(), seqs[i].end());
+        offsets[row + 1] = int32_t(flat.size());
+        out.seq_of[i] = seqs[i][0];
+    }
+    const auto t0 = clock_type::now();
+    const int32_t status = decode(ctx, n_rows, tokens.data(), pos.data(), offsets.data(), flat.data(),
+                                  outputs.data());
+    out.decode_s = since(t0);
+    if (status != 0) drop(mem, out);
+    return status;
+}
+
+step_result finish(llama_context * ctx, const launched & b, const int32_t * q_offsets,
+                   const int32_t * q_ids, const float * q_probs, sampler & smp, rng & r,
+                   const int32_t * history, int32_t n_history, float tie_bound) {
+    step_result res;
+    const auto t0 = clock_type::now();
+    llama_synchronize(ctx);  // GPU and RPC backends return from llama_decode before they finish
+    res.forward_s = b.decode_s + since(t0);
+
+    draft_tree tree;
+    tree.n_nodes   = int32_t(b.tokens.size());
+    tree.root_row  = b.n_pending - 1;
+    tree.tokens    = b.tokens.data();
+    tree.parents   = b.parents.data();
+    tree.q_offsets = q_offsets;
+    tree.q_ids     = q_ids;
+    tree.q_probs   = q_probs;
+    res.verdict = verify_tree(ctx, llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx))),
+                              tree, smp, r, history, n_history, tie_bound);
+
+    // Keep the accepted path up to its first gap: node i sits in the i-th cell after the root
+    // (see verify.py on why a token placed in a rejected node's hole would not be exact).
+    const auto & path = res.verdict.path;
+    while (res.n_cached < int32_t(path.size()) && path[res.n_cached] == res.n_cached) ++res.n_cached;
+    const int32_t seq = res.n_cached ? b.seq_of[path[res.n_cached - 1]] : 0;
+    llama_memory_t mem = llama_get_memory(ctx);
+    if (b.n_seqs > 1) llama_memory_seq_keep(mem, seq);
+    seq_rm(mem, seq, b.n_past + b.n_pending + res.n_cached, -1);
+    if (seq != 0) {
+        llama_memory_seq_cp(mem, seq, 0, 0, -1);
+        seq_rm(mem, seq, 0, -1);
+    }
+    return res;
+}
+
+void abandon(llama_context * ctx, const launched & b) {
+    llama_synchronize(ctx);
+    drop(llama_get_memory(ctx), b);
+}
+
+}  // namespace ls

@@ -1,0 +1,70 @@
+"""Host milliseconds per iteration outside the target's forward, measured alike on this commit
+and on commits before the loop reported it (run it from a checkout of either): an
+iteration's wall time, the caller's own work on the last one included, less the time in the
+target's forward (llama_decode and the wait for its outputs). Where the loop reports it
+(Iteration.host_seconds) that is its own account; before, the time between consecutive
+iterations handed out less the time in the native decode.
+
+    .venv/bin/python scripts/host_time.py -m qwen2.5-coder-1.5b-instruct --threads 2 \\
+        --limit 3 --max-tokens 256 lookup suffix
+"""
+
+import argparse
+import statistics
+import time
+
+from localspec import _native
+from localspec.bench import workloads
+from localspec.bench.runner import prompt_tokens
+from localspec.drafters.spec import DrafterSpec
+from localspec.engine import Engine, EngineConfig, Request
+from localspec.sampling import SamplingConfig
+
+p = argparse.ArgumentParser()
+p.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct")
+p.add_argument("--threads", type=int, default=2)
+p.add_argument("--workload", default="code-edit")
+p.add_argument("--limit", type=int, default=3)
+p.add_argument("--max-tokens", type=int, default=256)
+p.add_argument("drafters", nargs="*", default=["none", "lookup", "suffix"])
+a = p.parse_args()
+
+in_decode = [0.0]
+decode = _native.decode
+
+
+def timed_decode(*args):
+    t0 = time.perf_counter()
+    try:
+        return decode(*args)
+    finally:
+        in_decode[0] += time.perf_counter() - t0
+
+
+_native.decode = timed_decode
+engine = Engine(EngineConfig(model=a.model, threads=a.threads, store=":memory:"))
+engine.curve
+prompts = [prompt_tokens(engine, p) for p in workloads.load(a.workload, a.limit)]
+for label in a.drafters:
+    spec = DrafterSpec.parse(label)
+    host: dict[int, list[float]] = {}
+    for tokens in prompts:
+        engine.ctx.clear()
+        last = None
+        request = Request(prompt=tokens, max_tokens=a.max_tokens, drafter=spec, sampling=SamplingConfig())
+
+        def seen(it) -> None:
+            global last
+            now = time.perf_counter()
+            if it.arm != "prompt" and last is not None:
+                if hasattr(it, "host_seconds"):  # the loop's own account (its iterations run end to end)
+                    host.setdefault(1 + it.n_drafted, []).append(it.host_seconds)
+                else:
+                    host.setdefault(1 + it.n_drafted, []).append(now - last - in_decode[0])
+            in_decode[0] = 0.0
+            last = now
+        for _ in engine.generate(request, on_iteration=seen):
+            pass
+    every = [x for v in host.values() for x in v]
+    print(f"{label}: host ms per iteration, median {1e3 * statistics.median(every):.3f} over {len(every)}; "
+          f"by batch: " + " ".join(f"{b}:{1e3 * statistics.median(v):.2f}" for b, v in sorted(host.items())[:10]))
