@@ -126,6 +126,9 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
         d.begin(prompt, sampling)
     controller.begin()
     sampler = TokenSampler(sampling, prompt)
+    # Greedy without penalties or near-ties to settle needs no more of a row than its argmax.
+    ctx.argmax_on_device(ctx.config.argmax_on_device and sampling.temperature <= 0
+                         and sampling.repeat_penalty == 1.0 and tie_bound <= 0)
     followers = [d for d in drafters if d.feature_window]  # they read the target's features
 
     def commit(first_pos: int, rows: list[int]) -> None:
@@ -133,9 +136,9 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
             d.commit(ctx, first_pos, rows)
 
     window = max((d.feature_window for d in followers), default=1)
-    reused, logits = ctx.prefill(prompt, window, commit if followers else None, progress)
+    reused, last = ctx.prefill(prompt, window, commit if followers else None, progress)
     max_tokens = min(max_tokens, ctx.n_ctx - len(prompt) + 1)  # stop where the context ends
-    first = sampler.sample(logits)
+    first = last if isinstance(last, int) else sampler.sample(last)
     sampler.extend([first])
     t_start = time.perf_counter()
     stats.cache_n += reused

@@ -185,7 +185,7 @@ NB_MODULE(_native, m) {
         "finish",
         [](uintptr_t ctx, const ls::launched & batch, vec_in<const int32_t> q_offsets, vec_in<const int32_t> q_ids,
            vec_in<const float> q_probs, ls::sampler & smp, vec_in<const int32_t> history, ls::rng & r,
-           float tie_bound) {
+           float tie_bound, bool on_device) {
             const size_t n = batch.tokens.size();
             const bool sampled = q_offsets.shape(0) > 0;
             if (sampled && (q_offsets.shape(0) != n + 1 || size_t(q_offsets(n)) != q_ids.shape(0) ||
@@ -197,15 +197,29 @@ NB_MODULE(_native, m) {
                 nb::gil_scoped_release release;
                 res = ls::finish(reinterpret_cast<llama_context *>(ctx), batch, sampled ? q_offsets.data() : nullptr,
                                  sampled ? q_ids.data() : nullptr, sampled ? q_probs.data() : nullptr, smp, r,
-                                 history.data(), int32_t(history.shape(0)), tie_bound);
+                                 history.data(), int32_t(history.shape(0)), tie_bound, on_device);
             }
             return nb::make_tuple(res.verdict.path, res.verdict.next, res.verdict.unsettled, res.n_cached,
                                   res.forward_s);
         },
         "ctx"_a, "batch"_a, "q_offsets"_a, "q_ids"_a, "q_probs"_a, "sampler"_a, "history"_a, "rng"_a,
-        "tie_bound"_a = 0.0f,
+        "tie_bound"_a = 0.0f, "on_device"_a = false,
         "Wait for a launched batch, verify its tree, keep the accepted path in the KV cache.\n"
         "Returns (accepted node indices, next token, unsettled, nodes cached, seconds in the forward).");
+    nb::class_<ls::argmax_on_device>(m, "ArgmaxOnDevice")
+        .def("__init__", [](ls::argmax_on_device * self, uintptr_t ctx) {
+                 try {
+                     new (self) ls::argmax_on_device(reinterpret_cast<llama_context *>(ctx));
+                 } catch (const std::runtime_error & e) {
+                     throw nb::value_error(e.what());
+                 }
+             }, "ctx"_a)
+        .def("detach", &ls::argmax_on_device::detach)
+        .def_prop_ro("attached", &ls::argmax_on_device::attached);
+    m.def(
+        "sampled_token",
+        [](uintptr_t ctx, int32_t row) { return llama_get_sampled_token_ith(reinterpret_cast<llama_context *>(ctx), row); },
+        "ctx"_a, "row"_a, "The argmax of a batch row that ArgmaxOnDevice put into the graph (-1: none).");
     m.def(
         "abandon",
         [](uintptr_t ctx, const ls::launched & batch) {

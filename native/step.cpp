@@ -93,9 +93,55 @@ int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int
     return status;
 }
 
+argmax_on_device::argmax_on_device(llama_context * ctx) : ctx_(ctx) {
+    for (uint32_t s = 0; s < llama_n_seq_max(ctx); ++s) {
+        llama_sampler * chain = llama_sampler_chain_init(llama_sampler_chain_default_params());
+        llama_sampler_chain_add(chain, llama_sampler_init_greedy());
+        chains_.push_back(chain);
+        if (!llama_set_sampler(ctx, llama_seq_id(s), chain)) {
+            detach();
+            throw std::runtime_error("this llama.cpp backend cannot take the argmax into its graph");
+        }
+    }
+}
+
+void argmax_on_device::detach() {
+    for (size_t s = 0; s < chains_.size(); ++s) {
+        llama_set_sampler(ctx_, llama_seq_id(s), nullptr);
+        llama_sampler_free(chains_[s]);
+    }
+    chains_.clear();
+}
+
+namespace {
+
+// Greedy verification from the rows' argmax tokens: follow the child that drafted the row's
+// token, as accept_greedy does with the one-hot distribution.
+verify_result verify_greedy_on_device(llama_context * ctx, const draft_tree & tree) {
+    std::vector<std::vector<int32_t>> children(tree.n_nodes + 1);
+    for (int32_t i = 0; i < tree.n_nodes; ++i) children[tree.parents[i] + 1].push_back(i);
+    verify_result res;
+    for (int32_t cur = -1;;) {
+        const llama_token best = llama_get_sampled_token_ith(ctx, tree.root_row + cur + 1);
+        if (best == LLAMA_TOKEN_NULL) throw std::runtime_error("verify: no argmax came back for a row");
+        int32_t next = -1;
+        for (int32_t c : children[cur + 1]) {
+            if (tree.tokens[c] == best) { next = c; break; }
+        }
+        if (next < 0) {
+            res.next = best;
+            return res;
+        }
+        res.path.push_back(next);
+        cur = next;
+    }
+}
+
+}  // namespace
+
 step_result finish(llama_context * ctx, const launched & b, const int32_t * q_offsets,
                    const int32_t * q_ids, const float * q_probs, sampler & smp, rng & r,
-                   const int32_t * history, int32_t n_history, float tie_bound) {
+                   const int32_t * history, int32_t n_history, float tie_bound, bool on_device) {
     step_result res;
     const auto t0 = clock_type::now();
     llama_synchronize(ctx);  // GPU and RPC backends return from llama_decode before they finish
@@ -109,8 +155,9 @@ step_result finish(llama_context * ctx, const launched & b, const int32_t * q_of
     tree.q_offsets = q_offsets;
     tree.q_ids     = q_ids;
     tree.q_probs   = q_probs;
-    res.verdict = verify_tree(ctx, llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx))),
-                              tree, smp, r, history, n_history, tie_bound);
+    res.verdict = on_device ? verify_greedy_on_device(ctx, tree)
+                            : verify_tree(ctx, llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx))),
+                                          tree, smp, r, history, n_history, tie_bound);
 
     // Keep the accepted path up to its first gap: node i sits in the i-th cell after the root
     // (see verify.py on why a token placed in a rejected node's hole would not be exact).

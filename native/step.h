@@ -37,12 +37,32 @@ struct step_result {
 int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int32_t n_pending,
                const draft_tree & tree, bool all_pending_rows, launched & out);
 
+// Greedy acceptance on the device: a greedy sampler attached to every sequence puts an argmax
+// over each output row into the forward's own graph, so a batch hands back one token id per
+// row instead of its full-vocabulary logits (600 KB a row for Qwen, copied off a GPU and then
+// scanned on the host). While attached, the context's rows have no logits to read.
+class argmax_on_device {
+public:
+    explicit argmax_on_device(llama_context * ctx);
+    ~argmax_on_device() { detach(); }
+    argmax_on_device(const argmax_on_device &) = delete;
+    argmax_on_device & operator=(const argmax_on_device &) = delete;
+
+    void detach();  // the rows' logits come back again
+    bool attached() const { return !chains_.empty(); }
+
+private:
+    llama_context * ctx_;
+    std::vector<llama_sampler *> chains_;  // one per sequence
+};
+
 // Wait for the batch, verify the tree (q_* of `tree` as launched: sampled drafts' distributions),
 // and keep in sequence 0 the pending tokens and the accepted path up to its first gap; every
 // other sequence is emptied. Throws if a KV edit fails.
+// With argmax_on_device attached (greedy only), the walk reads each row's token id instead.
 step_result finish(llama_context * ctx, const launched & batch, const int32_t * q_offsets,
                    const int32_t * q_ids, const float * q_probs, sampler & smp, rng & r,
-                   const int32_t * history, int32_t n_history, float tie_bound);
+                   const int32_t * history, int32_t n_history, float tie_bound, bool on_device);
 
 // Wait for the batch and drop what it added: the cache is as it was before launch().
 void abandon(llama_context * ctx, const launched & batch);

@@ -17,6 +17,7 @@ from localspec.control.controllers import Fixed
 from localspec.drafters.base import Budget
 from localspec.drafters.draft_model import DraftModelDrafter, draft_context
 from localspec.drafters.lookup import LookupDrafter
+from localspec.errors import LocalspecError
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig
 from localspec.llama.cost import CostCurve
@@ -97,6 +98,28 @@ def test_suffix_greedy_identical_to_plain(target, reference):
         drafter = SuffixDrafter(store)
         assert speculative(target, drafter, target.model.tokenize(p), stats=stats) == reference[p], p
     assert stats.draft_n_accepted > 100 and stats.draft_n - stats.draft_n_accepted > 50
+
+
+def test_argmax_on_device_greedy_identical_to_plain(small_model, reference):
+    """The argmax inside the forward's graph (a greedy sampler per sequence: one token id per
+    row comes back, not its logits), as a GPU runs by default, on the CPU backend: plain and
+    speculative decoding, chains and trees, give what plain decoding with the host's argmax
+    gives, and the KV cache holds exactly the emitted tokens afterwards."""
+    stats = Stats()
+    config = ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, argmax_on_device=True)
+    with Context(small_model, config) as ctx:
+        for p in PROMPTS[::2]:
+            prompt = small_model.tokenize(p)
+            assert plain(ctx, prompt) == reference[p], p
+            assert speculative(ctx, LookupDrafter(), prompt, stats=stats) == reference[p], p
+            with pytest.raises(LocalspecError, match="no logits"):
+                ctx.logits(0)  # the rows' logits never came back
+            assert ctx.seq_pos_max(0) == len(ctx.tokens) - 1
+            assert all(ctx.seq_pos_max(s) == -1 for s in range(1, 8))
+        ctx.clear()  # measuring and checking read logits again
+        row = ctx.extend(small_model.tokenize(PROMPTS[0]))
+        assert ctx.logits(row).shape == (small_model.n_vocab,)
+    assert stats.draft_n_accepted > 50 and stats.draft_n - stats.draft_n_accepted > 20
 
 
 @pytest.mark.parametrize("width", [1, 4], ids=["chain", "tree"])

@@ -36,6 +36,7 @@ class ContextConfig:
     kv_type: str = "f16"       # f16 | bf16 | q8_0 | f32: element type of the KV cache
     embeddings: bool = False   # also return final hidden states (the LM-head input)
     chunk: int = 128           # prompts are decoded in chunks starting at multiples of this (docs/benchmarks.md: 64 costs 9% of prefill speed, 128 1%)
+    argmax_on_device: bool = False  # greedy requests take each row's argmax in the graph (see argmax_on_device)
 
 
 class Context:
@@ -50,6 +51,9 @@ class Context:
         p.n_batch = config.n_batch
         p.n_ubatch = min(config.n_ubatch, config.n_batch)
         p.n_seq_max = config.n_seq_max
+        # A draft tree's rows are all outputs, and the pending tokens and root are in every
+        # sequence: with the argmax in the graph, a sequence may output a whole batch.
+        p.n_outputs_max_per_seq = config.n_batch
         p.kv_unified = True  # one KV buffer: sequence masks over it are tree-attention masks
         p.n_threads = p.n_threads_batch = config.n_threads or default_threads()
         p.flash_attn_type = FLASH_ATTN[config.flash_attn]
@@ -71,12 +75,17 @@ class Context:
         # Every batch of up to `chunk` tokens reproduces single-token decoding (--strict), so
         # any cached position is exact wherever it came from.
         self.all_exact = False
-        self._last: tuple[int, np.ndarray] | None = None  # (prompt length, its last logits)
+        # (prompt length, its last row: logits, or its token id with the argmax on the device)
+        self._last: tuple[int, np.ndarray | int] | None = None
         self._inflight = None  # a launched batch not yet finished (launch, finish)
+        self._argmax: _native.ArgmaxOnDevice | None = None  # see argmax_on_device
         self._one = (np.zeros(1, np.int32), np.zeros(1, np.int32), np.array([0, 1], np.int32),
                      np.zeros(1, np.int32), np.ones(1, np.int8))
 
     def close(self) -> None:
+        if self._argmax is not None:
+            self._argmax.detach()
+            self._argmax = None
         if self.ptr:
             ll.llama_free(self.ptr)
             self.ptr = None
@@ -144,10 +153,26 @@ class Context:
         batch, pending, tokens = self._inflight
         self._inflight = None
         path, nxt, unsettled, n_cached, seconds = _native.finish(
-            self.ptr, batch, q_offsets, q_ids, q_probs, sampler.sampler, sampler.history, sampler.rng, tie_bound)
+            self.ptr, batch, q_offsets, q_ids, q_probs, sampler.sampler, sampler.history, sampler.rng, tie_bound,
+            self._argmax is not None)
         self.tokens.extend(pending.tolist())
         self.tokens.extend(tokens[path[:n_cached]].tolist())
         return path, nxt, unsettled, n_cached, seconds
+
+    def argmax_on_device(self, on: bool) -> None:
+        """Greedy acceptance with the argmax inside the forward's graph (native/step.h): each
+        row of a batch hands back its token id instead of its logits, which stop being
+        readable (logits() refuses) until it is turned off again. Switching costs llama.cpp a
+        new graph: a request sets it once."""
+        if on == (self._argmax is not None):
+            return
+        self.abandon()
+        if on:
+            self._argmax = _native.ArgmaxOnDevice(self.ptr)
+        else:
+            self._argmax.detach()
+            self._argmax = None
+        self._last = None  # a prompt's last row read in the other mode
 
     def abandon(self) -> None:
         """Drop a launched batch that nobody will finish: the cache holds `tokens` again."""
@@ -166,10 +191,11 @@ class Context:
 
     def prefill(self, tokens: Sequence[int], n_outputs: int = 1,
                 on_outputs: Callable[[int, list[int]], None] | None = None,
-                progress: Callable[[int, int], None] | None = None) -> tuple[int, np.ndarray]:
+                progress: Callable[[int, int], None] | None = None) -> tuple[int, np.ndarray | int]:
         """Make sequence 0 hold the prompt `tokens`, reusing cached positions only where that
         cannot change a result. Returns how many positions were reused and the logits of the
-        prompt's last token (a copy, kept for the same prompt asked again). Outputs (logits,
+        prompt's last token (a copy, kept for the same prompt asked again; with the argmax on
+        the device, its token id). Outputs (logits,
         hidden states) of the last `n_outputs` positions decoded go to on_outputs(first
         position, batch rows) after each chunk; a prompt of more than PROGRESS_AFTER tokens to
         decode reports progress(decoded, to decode) as it goes.
@@ -223,7 +249,8 @@ class Context:
         finally:
             if hidden:
                 ll.llama_set_embeddings(self.ptr, True)
-        self._last = (n, self.logits(len(chunk) - 1).copy())
+        row = len(chunk) - 1
+        self._last = (n, _native.sampled_token(self.ptr, row) if self._argmax is not None else self.logits(row).copy())
         return reuse, self._last[1]
 
     def catch_up(self, tokens: Sequence[int]) -> int:
@@ -257,6 +284,8 @@ class Context:
     # --- outputs (views into llama.cpp's buffers: valid until the next decode) -------------
 
     def logits(self, row: int) -> np.ndarray:
+        if self._argmax is not None:
+            raise LocalspecError("no logits while the argmax runs on the device (argmax_on_device)")
         ptr = ll.llama_get_logits_ith(self.ptr, row)
         if not ptr:
             raise LocalspecError(f"no logits for batch row {row}")
@@ -287,6 +316,7 @@ class Context:
             self._last = None
 
     def clear(self) -> None:
+        self.argmax_on_device(False)  # a cleared context reads logits again (measurements, checks)
         self.abandon()
         ll.llama_memory_clear(self.mem, True)
         self.tokens.clear()
