@@ -8,14 +8,20 @@ localspec-test-models in the user's cache folder."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 import platformdirs
 import pytest
 
-os.environ["LOCALSPEC_HOME"] = tempfile.mkdtemp(prefix="localspec-test-home-")
+if not os.environ.get("LOCALSPEC_TEST_RUN"):  # a test's own subprocess shares its run's
+    os.environ["LOCALSPEC_TEST_RUN"] = "1"
+    os.environ["LOCALSPEC_HOME"] = tempfile.mkdtemp(prefix="localspec-test-home-")
+    if not os.environ.get("LOCALSPEC_KEEP_TEST_HOME"):  # kept to look into what a run wrote
+        atexit.register(shutil.rmtree, os.environ["LOCALSPEC_HOME"], ignore_errors=True)
 TEST_MODELS = Path(os.environ.get("LOCALSPEC_TEST_MODELS") or
                    platformdirs.user_cache_dir("localspec-test-models"))
 os.environ["LOCALSPEC_MODEL_DIRS"] = str(TEST_MODELS)

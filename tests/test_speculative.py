@@ -122,6 +122,32 @@ def test_argmax_on_device_greedy_identical_to_plain(small_model, reference):
     assert stats.draft_n_accepted > 50 and stats.draft_n - stats.draft_n_accepted > 20
 
 
+def test_stopping_with_a_forward_in_flight_leaves_the_cache_as_handed_out(small_model):
+    """The loop launches the next forward before it hands an iteration out: a caller that stops
+    there (closes the generator) leaves the KV cache holding exactly ctx.tokens (a prefix of
+    what was handed out), every sequence but 0 empty, and its next token is what incremental
+    decoding of the same tokens computes."""
+    m = small_model
+    prompt = m.tokenize(PROMPTS[0])
+    with Context(m, ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1)) as ctx, \
+            Context(m, ContextConfig(n_ctx=1024, n_threads=1)) as fresh:
+        for stop_after in (1, 2, 5):
+            ctx.clear()
+            steps = run(ctx, Fixed(LookupDrafter(), Budget(FLAT, 8), "lookup"), prompt, GREEDY, N_TOKENS)
+            out = prompt + [t for _, it in zip(range(stop_after), steps) for t in it.tokens]
+            steps.close()
+            assert ctx._inflight is None and out[:len(ctx.tokens)] == ctx.tokens
+            assert ctx.seq_pos_max(0) == len(ctx.tokens) - 1
+            assert all(ctx.seq_pos_max(s) == -1 for s in range(1, 8))
+            for t in out[len(ctx.tokens):]:
+                ctx.append(t)
+            fresh.clear()
+            fresh.prefill(prompt)
+            for t in out[len(prompt):]:
+                fresh.append(t)
+            np.testing.assert_array_equal(ctx.logits(0), fresh.logits(0))
+
+
 @pytest.mark.parametrize("width", [1, 4], ids=["chain", "tree"])
 def test_draft_model_greedy_identical_to_plain(target, reference, small_path, width):
     """The draft model here is the target's own GGUF (the one small model with its

@@ -9,8 +9,10 @@ more forwards than after a short one."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -49,9 +51,18 @@ class CostCurve:
         """This curve after n_context tokens of context instead of self.n_context."""
         if not self.per_context or n_context == self.n_context:
             return self
-        s = np.asarray(self.seconds)
-        seconds = np.maximum(s + (n_context - self.n_context) * np.asarray(self.per_context), 0.5 * s)
-        return replace(self, seconds=non_decreasing(seconds), n_context=n_context)
+        return replace(self, seconds=self.seconds_at(n_context).tolist(), n_context=n_context)
+
+    def seconds_at(self, n_context: int) -> np.ndarray:
+        """at(n_context).seconds as an array (asked twice an iteration: no lists, no copies)."""
+        s, per_context = self._arrays
+        if not self.per_context or n_context == self.n_context:
+            return s
+        return np.minimum.accumulate(np.maximum(s + (n_context - self.n_context) * per_context, 0.5 * s)[::-1])[::-1]
+
+    @functools.cached_property
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(self.seconds, float), np.asarray(self.per_context, float)
 
     def ratio(self, n: int) -> float:
         """Cost of a batch of n relative to a single-token forward."""
@@ -87,7 +98,7 @@ class LiveCurve:
         # One forward may be an outlier (the first of a new batch shape allocates its graph; the
         # machine hiccups): it moves the mean by at most `step` in log, so one slow batch cannot
         # price its size out of the drafts that would measure it again.
-        r = float(np.log(seconds / self.base.at(n_context).cost(n)))
+        r = math.log(seconds / float(self.base.seconds_at(n_context)[i]))
         r = min(max(r, self.log_ratio[i] - self.step), self.log_ratio[i] + self.step)
         self.count[i] = min(self.count[i] + 1, self.memory)
         self.log_ratio[i] += (r - self.log_ratio[i]) / self.count[i]
@@ -102,8 +113,8 @@ class LiveCurve:
         return self._factors
 
     def at(self, n_context: int) -> CostCurve:
-        curve = self.base.at(n_context)
-        return replace(curve, seconds=non_decreasing(np.asarray(curve.seconds) * self.factors()))
+        seconds = self.base.seconds_at(n_context) * self.factors()
+        return replace(self.base, seconds=np.minimum.accumulate(seconds[::-1])[::-1].tolist(), n_context=n_context)
 
     @property
     def seconds(self) -> list[float]:
