@@ -373,7 +373,11 @@ def cmd_bench(a: argparse.Namespace) -> None:
              f" · T={sampling.temperature}" + (f" · median of {cfg.repeat}" if cfg.repeat > 1 else "")
              + (" · flat cost" if a.flat_cost else "")
              + (" · strict" if a.strict else ""))
-    print(f"\n{title}\n\n{report.table(configs)}")
+    projected_on = engine.curve if a.curve else None
+    if projected_on is not None:
+        title += (f"\nprojected: every forward priced on the curve in {a.curve} (its batch at its "
+                  "context), plus the host time measured here; tokens/s and speedup are this machine's")
+    print(f"\n{title}\n\n{report.table(configs, projected_on)}")
     ceiling = report.ceiling_line(configs)
     if ceiling:
         print("\n" + ceiling)
@@ -381,9 +385,9 @@ def cmd_bench(a: argparse.Namespace) -> None:
     meta = {"model": str(engine.model.path), "workload": cfg.workload, "n": len(prompts),
             "max_tokens": cfg.max_tokens, "temperature": sampling.temperature, "repeat": cfg.repeat,
             "seed": sampling.seed, "discrepancy": engine.curve.discrepancy,
-            "argv": sys.argv[1:]}
+            "projected_on": a.curve or None, "argv": sys.argv[1:]}
     if cfg.json_out:
-        report.write_json(configs, meta, Path(cfg.json_out))
+        report.write_json(configs, meta, Path(cfg.json_out), projected_on)
     if cfg.chart:
         report.chart(configs, title, Path(cfg.chart))
         print(f"chart: {cfg.chart}")

@@ -4,6 +4,7 @@ warmed and rolled back between configurations, repeats, intervals, llama.cpp's l
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import struct
 
 from localspec.bench import workloads
@@ -102,3 +103,20 @@ def test_bench_repeat_and_a_session_workload_from_the_command_line(small_path, t
     assert result["meta"]["copy_ceiling"] >= 1.0 and "copy ceiling:" in r.stdout
     bad = localspec("bench", "-m", str(small_path), "--repeat", "0")
     assert bad.returncode == 1 and "--repeat" in bad.stderr
+
+
+def test_bench_plans_and_prices_on_another_machines_curve(small_path, tmp_path):
+    """`--curve FILE`: drafts are planned with the H200's curve, every output is still checked
+    against plain decoding here, and the report adds each configuration's speedup with its
+    forwards priced on that curve (plain: 1.0 by definition)."""
+    curve = Path(__file__).parents[1] / "docs" / "bench" / "gpu" / "h200-2026-11-26" / "curve-rand-7b.json"
+    out = tmp_path / "bench.json"
+    r = localspec("bench", "-m", str(small_path), "--threads", "2", "--workload", "code-edit",
+                  "--limit", "1", "--max-tokens", "24", "--drafter", "lookup", "--curve", str(curve),
+                  "--json", str(out), timeout=900)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(out.read_text())
+    plain, lookup = result["configs"]
+    assert plain["projected_speedup"] == 1.0 and lookup["projected_speedup"] > 0
+    assert lookup["identical"] == 1 and result["meta"]["projected_on"] == str(curve)
+    assert "projected: every forward priced on the curve in" in r.stdout

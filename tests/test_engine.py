@@ -1,6 +1,7 @@
 """llama.cpp's model and context on real models: decoding exactly like llama.cpp."""
 
 import ctypes
+from pathlib import Path
 
 import llama_cpp
 import numpy as np
@@ -290,3 +291,24 @@ def test_layers_that_fit_a_gpu(qwen_path, monkeypatch):
         monkeypatch.setattr(placement, "gpus", lambda: [("a GPU", free, 16 << 30)])
         n = placement.layers_that_fit(qwen_path, 4096)
         assert n == expect if isinstance(expect, int) else n in expect, (free, n)
+
+
+def test_a_curve_from_another_machine_as_json_or_as_the_printed_table(tmp_path):
+    """`--curve FILE` takes the JSON `localspec cost` caches or the table it prints; anything
+    else is one line."""
+    from localspec.errors import LocalspecError
+    from localspec.llama.cost import read_curve
+
+    curve = read_curve(Path(__file__).parent / "data" / "smollm2-2-threads.curve.json")
+    table = tmp_path / "h200.txt"
+    table.write_text("cost curve of rand-7b.gguf (16 threads, after 256 tokens of context; cached in x)\n"
+                     "| batch | ms/forward | × batch of 1 | after 4,096 tokens: ms | × batch of 1 |\n"
+                     "|---:|---:|---:|---:|---:|\n| 1 | 4.4 | 1.00 | 6.4 | 1.00 |\n| 2 | 4.8 | 1.08 | 7.2 | 1.12 |\n")
+    printed = read_curve(table)
+    assert printed.seconds == [0.0044, 0.0048] and printed.n_context == 256
+    assert printed.at(4096).cost(2) == pytest.approx(0.0072)
+    assert len(curve.seconds) == 64 and curve.per_context
+    (tmp_path / "bad.json").write_text("{\"seconds\": \"fast\"}")
+    for bad in (tmp_path / "bad.json", tmp_path / "missing.json", Path(__file__).parent / "conftest.py"):
+        with pytest.raises(LocalspecError, match="not a cost curve"):
+            read_curve(bad)

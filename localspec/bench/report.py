@@ -32,13 +32,24 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
-def table(configs: list[Config]) -> str:
+def projected_speedups(configs: list[Config], curve) -> list[float | None]:
+    """Each configuration's speedup over plain decoding with every forward priced on `curve`
+    (None for anchors, whose iterations are not ours to price)."""
+    base = configs[0].projected_tokens_per_s(curve)
+    return [c.projected_tokens_per_s(curve) / base if c.spec is not None and base else None
+            for c in configs]
+
+
+def table(configs: list[Config], projected_on=None) -> str:
+    """The bench's table; with a curve (projected_on), a column of each configuration's speedup
+    with its forwards priced on that curve."""
     base = configs[0].tokens_per_s
     server_plain = next((c.tokens_per_s for c in configs if c.name == "llama-server plain"), None)
+    projected = projected_speedups(configs, projected_on) if projected_on is not None else [None] * len(configs)
     rows = ["| config | tokens/s | speedup vs plain [95% interval] | τ | acceptance | host ms/iter | "
-            "identical to plain | failed |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for c in configs:
+            + ("projected speedup | " if projected_on is not None else "") + "identical to plain | failed |",
+            "|---|---:|---:|---:|---:|---:|" + ("---:|" if projected_on is not None else "") + "---:|---:|"]
+    for c, proj in zip(configs, projected):
         n = len(c.runs)
         ident = [r.identical for r in c.ok_runs if r.identical is not None]
         ties = sum(1 for r in c.ok_runs if r.tie)
@@ -52,8 +63,9 @@ def table(configs: list[Config]) -> str:
         tau = "-" if c.tau is None else f"{c.tau:.2f}"
         failed = sum(1 for r in c.runs if r.failed)
         host = "-" if c.host_ms is None else f"{c.host_ms:.2f}"
+        proj_s = "" if projected_on is None else ("- | " if proj is None else f"{proj:.2f}× | ")
         rows.append(f"| {c.name} | {c.tokens_per_s:.2f} | {sp} | {tau} | {_pct(c.acceptance)} | {host} | "
-                    f"{ident_s} | {failed}/{n} |")
+                    f"{proj_s}{ident_s} | {failed}/{n} |")
     return "\n".join(rows)
 
 
@@ -72,11 +84,13 @@ def ceiling_line(configs: list[Config]) -> str:
         "free, on this cost curve: no lookup or suffix drafter can do better)")
 
 
-def to_json(configs: list[Config], meta: dict) -> dict:
+def to_json(configs: list[Config], meta: dict, projected_on=None) -> dict:
     base = configs[0].tokens_per_s
+    projected = projected_speedups(configs, projected_on) if projected_on is not None else [None] * len(configs)
     return {"meta": {**meta, "copy_ceiling": copy_ceiling(configs)}, "configs": [{
         "name": c.name, "drafter": c.drafter, "tokens_per_s": c.tokens_per_s,
         "speedup": _speedup(c, base), "speedup_95": speedup_interval(c, configs[0]) if i else None,
+        "projected_speedup": projected[i],
         "tau": c.tau, "acceptance": c.acceptance, "host_ms": c.host_ms,
         "host_ms_by_batch": c.by_batch("host"), "iteration_ms_by_batch": c.by_batch("iteration"),
         "forward_ms_by_batch": c.by_batch("forward"), "forward_share": c.forward_share,
@@ -85,8 +99,8 @@ def to_json(configs: list[Config], meta: dict) -> dict:
         "failed": [r.failed for r in c.runs if r.failed]} for i, c in enumerate(configs)]}
 
 
-def write_json(configs: list[Config], meta: dict, path: Path) -> None:
-    path.write_text(json.dumps(to_json(configs, meta), indent=2))
+def write_json(configs: list[Config], meta: dict, path: Path, projected_on=None) -> None:
+    path.write_text(json.dumps(to_json(configs, meta, projected_on), indent=2))
 
 
 def chart(configs: list[Config], title: str, path: Path) -> None:

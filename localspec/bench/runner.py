@@ -15,6 +15,7 @@ from localspec.bench.ceiling import Corpus, copy_ceiling
 from localspec.bench.workloads import Prompt, Warm
 from localspec.drafters.spec import NONE, DrafterSpec
 from localspec.engine import Engine, Request
+from localspec.llama.cost import CostCurve
 from localspec.loop import Iteration
 from localspec.llama.text import chat_tokens
 from localspec.sampling import SamplingConfig
@@ -38,9 +39,9 @@ class Run:
     # plain decoding's greedy answer only: (its seconds, a clairvoyant copier's) on the cost
     # curve (bench/ceiling.py)
     ceiling: tuple[float, float] | None = None
-    # Per iteration after the prompt: (batch size, its seconds, of them the target's forwards;
-    # the rest is the host's: loop.Iteration.host_seconds).
-    iterations: list[tuple[int, float, float]] = field(default_factory=list)
+    # Per iteration after the prompt: (batch size, its seconds, of them the target's forwards
+    # (the rest is the host's: loop.Iteration.host_seconds), the context before it).
+    iterations: list[tuple[int, float, float, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -76,7 +77,7 @@ class Config:
     @property
     def host_ms(self) -> float | None:
         """Median host milliseconds per iteration, outside the target's forwards."""
-        host = [s - f for r in self.ok_runs for _, s, f in r.iterations]
+        host = [s - f for r in self.ok_runs for _, s, f, _ in r.iterations]
         return float(np.median(host)) * 1e3 if host else None
 
     def by_batch(self, which: str) -> dict[int, float]:
@@ -84,15 +85,22 @@ class Config:
         of the host ("host"), of the whole iteration ("iteration") or of its forward."""
         by: dict[int, list[float]] = {}
         for r in self.ok_runs:
-            for n, s, f in r.iterations:
+            for n, s, f, _ in r.iterations:
                 by.setdefault(n, []).append({"host": s - f, "iteration": s, "forward": f}[which])
         return {n: float(np.median(v)) * 1e3 for n, v in sorted(by.items())}
 
     @property
     def forward_share(self) -> float | None:
         """The share of the iterations' time spent in the target's forwards."""
-        total = sum(s for r in self.ok_runs for _, s, _ in r.iterations)
-        return sum(f for r in self.ok_runs for _, _, f in r.iterations) / total if total else None
+        total = sum(s for r in self.ok_runs for _, s, _, _ in r.iterations)
+        return sum(f for r in self.ok_runs for _, _, f, _ in r.iterations) / total if total else None
+
+    def projected_tokens_per_s(self, curve: CostCurve) -> float:
+        """Tokens per second had every forward cost what `curve` prices its batch at its
+        context (another machine's curve, say), with the host's time per iteration measured
+        here: the same drafts and acceptance, that machine's forwards."""
+        seconds = sum(curve.at(c).cost(n) + s - f for r in self.ok_runs for n, s, f, c in r.iterations)
+        return self.total("n_timed") / seconds if seconds else 0.0
 
 
 def prompt_tokens(engine: Engine, p: Prompt) -> list[int]:
@@ -109,11 +117,13 @@ def run_ours(engine: Engine, tokens: list[int], drafter: DrafterSpec, max_tokens
              sampling: SamplingConfig, on_iteration=None) -> tuple[list[int], Run]:
     engine.ctx.clear()  # every configuration starts cold: no prefix cache between them
     request = Request(prompt=tokens, sampling=sampling, max_tokens=max_tokens, drafter=drafter)
-    iterations: list[tuple[int, float, float]] = []
+    iterations: list[tuple[int, float, float, int]] = []
+    n_context = [len(tokens) - 1]  # before the next forward (its root is the last token emitted)
 
     def seen(it: Iteration) -> None:
         if it.arm != "prompt":
-            iterations.append((1 + it.n_drafted, it.seconds, it.forward_seconds))
+            iterations.append((1 + it.n_drafted, it.seconds, it.forward_seconds, n_context[0]))
+        n_context[0] += len(it.tokens)
         if on_iteration:
             on_iteration(it)
     *_, done = engine.generate(request, on_iteration=seen)

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import math
+import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -295,14 +296,31 @@ def cost_curve(ctx: Context, max_batch: int = MAX_BATCH, refresh: bool = False, 
 
 
 def read_curve(path: Path) -> CostCurve:
-    """A curve from a JSON file in the layout cost_curve caches (another machine's, say)."""
+    """A curve from a file: the JSON cost_curve caches, or the table `localspec cost` prints
+    (another machine's, say)."""
     try:
-        data = json.loads(Path(path).read_text())
+        text = Path(path).read_text()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = _from_table(text)
         return CostCurve([float(x) for x in data["seconds"]], int(data["n_context"]),
                          float(data.get("discrepancy", 0.0)), int(data.get("exact_batch", 1)),
                          tuple(float(x) for x in data.get("per_context", ())))
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise LocalspecError(f"{path}: not a cost curve ({e})") from None
+
+
+def _from_table(text: str) -> dict:
+    """The curve in the markdown table `localspec cost` prints: per batch, ms after the
+    heading's context and ms after 4,096 tokens."""
+    n_context = int(re.search(r"after (\d+) tokens of context", text).group(1))
+    rows = [tuple(float(x) for x in m.groups()) for m in re.finditer(
+        r"^\|\s*(\d+)\s*\|\s*([\d.]+)\s*\|\s*[\d.]+\s*\|\s*([\d.]+)\s*\|", text, re.M)]
+    if [int(n) for n, _, _ in rows] != list(range(1, len(rows) + 1)):
+        raise ValueError("the table's batches are not 1, 2, 3, ...")
+    return {"seconds": [ms / 1e3 for _, ms, _ in rows], "n_context": n_context,
+            "per_context": [max(0.0, (long - ms) / 1e3 / (4096 - n_context)) for _, ms, long in rows]}
 
 
 def planning_curve(path: Path, ctx: Context) -> CostCurve:
