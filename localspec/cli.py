@@ -57,10 +57,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="plan drafts as if a verification batch cost what one token does (as on "
                         "a GPU): drafters draft all they can, which measures their tau; slower "
                         "on a CPU")
-    p.add_argument("--argmax", choices=["auto", "device", "host"], default="auto",
-                   help="greedy verification: each row's argmax inside the target's graph (device: "
-                        "a token id per row comes back) or over its logits on the host; auto: device "
-                        "where the target runs on a GPU")
+    p.add_argument("--argmax", choices=["device", "host"], default="device",
+                   help="greedy requests: each row's argmax inside the target's graph (device, the "
+                        "default: a token id per row comes back) or over its logits on the host")
     p.add_argument("--curve", metavar="FILE", default="",
                    help="plan drafts with this cost curve (JSON as `localspec cost` caches it, "
                         "another machine's say) instead of this machine's")
@@ -99,7 +98,7 @@ def engine_config(a: argparse.Namespace, drafters: list[DrafterSpec]):
     from localspec.engine import EngineConfig
     return EngineConfig(a.model, a.ctx, a.threads, a.gpu_layers, a.flash_attn, strict=a.strict,
                         flat_cost=a.flat_cost, curve=a.curve, drafter=drafters[0],
-                        argmax_on_device={"auto": None, "device": True, "host": False}[a.argmax],
+                        argmax_on_device=a.argmax == "device",
                         features=any(d.uses_features for d in drafters) or None, rpc=a.rpc)
 
 

@@ -28,7 +28,7 @@ from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig, common_prefix, default_threads
 from localspec.llama.cost import CostCurve, LiveCurve, cost_curve, planning_curve
 from localspec.llama.model import LogHandler, set_log_handler
-from localspec.llama.placement import ALL_LAYERS, gpus, layers_that_fit, where
+from localspec.llama.placement import ALL_LAYERS, layers_that_fit, where
 from localspec.llama.text import chat_tokens, complete_utf8_prefix
 from localspec.loop import Controller, Iteration, Stats, run
 from localspec.progress import Progress
@@ -66,9 +66,9 @@ class EngineConfig:
     # The suffix store, which learns from every answer: "" the target tokenizer's in the cache
     # directory, a directory, ":memory:" (kept by nothing: benchmarks), or "off".
     store: str = ""
-    # Greedy acceptance with the argmax inside the target's graph (a token id per row comes
-    # back, not the row's logits): None where the target runs on a GPU.
-    argmax_on_device: bool | None = None
+    # Greedy requests take each row's argmax inside the target's graph (a token id per row
+    # comes back, not the row's logits), on every backend that can (False: on the host).
+    argmax_on_device: bool = True
     # rpc-servers (HOST:PORT) that hold the target's offloaded layers (all of them unless
     # n_gpu_layers says how many); drafters stay on this machine.
     rpc: tuple[str, ...] = ()
@@ -128,12 +128,9 @@ class Engine:
         features = cfg.features if cfg.features is not None else cfg.drafter.uses_features or (
             cfg.drafter.kind == "auto" and not cfg.drafter.members and not cfg.rpc
             and store.shipped_drafter(path) is not None)
-        on_device = cfg.argmax_on_device
-        if on_device is None:
-            on_device = self.model.n_gpu_layers > 0 and not cfg.rpc and bool(gpus())
         config = ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads, flash_attn=cfg.flash_attn,
                                n_seq_max=cfg.n_seq_max, kv_type="bf16" if cfg.strict else "f16",
-                               embeddings=features, argmax_on_device=on_device)
+                               embeddings=features, argmax_on_device=cfg.argmax_on_device)
         self.slots = [Context(self.model, config) for _ in range(max(1, cfg.slots))]
         self.ctx = self.slots[0]  # the slot the last request ran in
         self._used = [0.0] * len(self.slots)

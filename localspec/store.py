@@ -132,11 +132,13 @@ def resolve(spec: str, pull_missing: bool = True, progress: Progress | None = No
         check_gguf(path)
         return path
     entry = lookup(spec)
-    for path in (stored_path(spec), *(d / f"{spec}.gguf" for d in model_dirs())):
+    stored = stored_path(spec)
+    for path in (stored, *(d / f"{spec}.gguf" for d in model_dirs())):
         if path.exists():
             if path.stat().st_size != entry.size:
+                fix = f"run `localspec rm {spec}` and pull it again" if path == stored else "remove it"
                 raise LocalspecError(f"model file {path} has the wrong size ({path.stat().st_size} "
-                                     f"bytes, expected {entry.size}): remove it and pull '{spec}' again")
+                                     f"bytes, expected {entry.size}): {fix}")
             return path
     if not pull_missing:
         raise LocalspecError(f"model '{spec}' is not pulled: run `localspec pull {spec}`")

@@ -26,6 +26,7 @@ p.add_argument("--threads", type=int, default=2)
 p.add_argument("--workload", default="code-edit")
 p.add_argument("--limit", type=int, default=3)
 p.add_argument("--max-tokens", type=int, default=256)
+p.add_argument("--argmax", choices=["host", "device"], default=None, help="where greedy rows' argmax runs")
 p.add_argument("drafters", nargs="*", default=["none", "lookup", "suffix"])
 a = p.parse_args()
 
@@ -42,7 +43,8 @@ def timed_decode(*args):
 
 
 _native.decode = timed_decode
-engine = Engine(EngineConfig(model=a.model, threads=a.threads, store=":memory:"))
+extra = {} if a.argmax is None else {"argmax_on_device": a.argmax == "device"}
+engine = Engine(EngineConfig(model=a.model, threads=a.threads, store=":memory:", **extra))
 engine.curve
 prompts = [prompt_tokens(engine, p) for p in workloads.load(a.workload, a.limit)]
 for label in a.drafters:

@@ -33,8 +33,10 @@ def assert_one_line_error(result, *needles):
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
-    """A store of its own holding one 'stored' model whose bytes must survive every test."""
+    """A store of its own holding one 'stored' model whose bytes must survive every test (and
+    not the test run's shared models)."""
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    monkeypatch.delenv("LOCALSPEC_MODEL_DIRS", raising=False)
     models = tmp_path / "models"
     models.mkdir()
     return tmp_path

@@ -34,6 +34,7 @@ class Budget:
         self.static = static
         n_curve = len(curve.seconds) - 1
         self.max_nodes = n_curve if max_nodes is None else max_nodes if static else min(max_nodes, n_curve)
+        self._sized: tuple[DraftTree, DraftTree] | None = None  # the last tree size() was asked, and its answer
 
     def at(self, n_context: int) -> Budget:
         """This budget after n_context tokens of context (a wide batch costs more there)."""
@@ -56,15 +57,20 @@ class Budget:
             while n_max and tree.prefix(n_max).n_leaves() > self.n_seq_max:
                 n_max -= 1
             return tree.prefix(n_max)
+        if self._sized is not None and self._sized[0] is tree:  # speedup() just sized it
+            return self._sized[1]
         # Plain floats: a few dozen nodes, every iteration, where numpy's calls cost more.
         rates, gain, seconds = [1.0 / self.curve.seconds[0]], 1.0, self.curve.seconds
         for n, reach in enumerate(tree.reach[:n_max].tolist(), 1):
             gain += reach
             rates.append(gain / seconds[n])  # seconds[n] = cost(1 + n)
-        for n in sorted(range(n_max + 1), key=lambda n: -rates[n]):  # stable: fewer nodes first
-            if n == 0 or tree.prefix(n).n_leaves() <= self.n_seq_max:
-                return tree.prefix(n)
-        return tree.prefix(0)
+        best = max(range(n_max + 1), key=rates.__getitem__)  # the first best: fewer nodes
+        if best and tree.prefix(best).n_leaves() > self.n_seq_max:  # too many paths: the next best
+            best = next((n for n in sorted(range(n_max + 1), key=lambda n: -rates[n])
+                         if n == 0 or tree.prefix(n).n_leaves() <= self.n_seq_max), 0)
+        kept = tree.prefix(best)
+        self._sized = (tree, kept)
+        return kept
 
     def speedup(self, tree: DraftTree) -> float:
         """The expected speed of verifying what size() keeps of `tree`, relative to a plain

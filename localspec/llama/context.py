@@ -168,7 +168,10 @@ class Context:
             return
         self.abandon()
         if on:
-            self._argmax = _native.ArgmaxOnDevice(self.ptr)
+            try:
+                self._argmax = _native.ArgmaxOnDevice(self.ptr)
+            except ValueError:  # a backend that cannot (llama.cpp said why in its log)
+                return
         else:
             self._argmax.detach()
             self._argmax = None

@@ -29,6 +29,8 @@ from localspec.paths import cache_dir
 from localspec.progress import Progress
 
 MAX_BATCH = 64  # a long draft (copying) verified at once
+CONTEXT_STEP = 32  # LiveCurve keeps a curve per this many tokens of context
+TOLERANCE = 0.01   # ... and recomputes it when a correction moved by more (1%)
 LONG_CONTEXT = 2048  # where the second, coarser curve is measured (what context adds)
 
 
@@ -80,7 +82,11 @@ class LiveCurve:
     forwards, scales that size; sizes not yet seen take their seen neighbours' correction.
     One forward far from the mean counts as one `step` away from it (a robust mean: a
     consistent error is still learnt, a step at a time). What plans with it asks
-    `at(n_context)`, as of a CostCurve."""
+    `at(n_context)`, as of a CostCurve.
+
+    It is asked twice an iteration, and the answer barely moves: a curve is kept per stretch
+    of CONTEXT_STEP tokens of context and recomputed only when a correction moved by more than
+    TOLERANCE (in log) since it was made."""
 
     def __init__(self, base: CostCurve, shrink: float = 4.0, memory: int = 50, step: float = 0.3):
         # shrink: forwards worth half a correction; memory: the running mean's window in
@@ -90,6 +96,9 @@ class LiveCurve:
         self.log_ratio = np.zeros(len(base.seconds))
         self.count = np.zeros(len(base.seconds))
         self._factors: np.ndarray | None = np.ones(len(base.seconds))
+        self._applied = np.full(len(base.seconds), np.nan)  # the corrections the factors hold
+        self._base: dict[int, np.ndarray] = {}  # base.seconds_at() by stretch of context
+        self._at: dict[int, CostCurve] = {}     # at() by stretch of context
 
     def observe(self, n: int, n_context: int, seconds: float) -> None:
         """A forward of a batch of n tokens after n_context tokens took `seconds`."""
@@ -99,11 +108,17 @@ class LiveCurve:
         # One forward may be an outlier (the first of a new batch shape allocates its graph; the
         # machine hiccups): it moves the mean by at most `step` in log, so one slow batch cannot
         # price its size out of the drafts that would measure it again.
-        r = math.log(seconds / float(self.base.seconds_at(n_context)[i]))
-        r = min(max(r, self.log_ratio[i] - self.step), self.log_ratio[i] + self.step)
-        self.count[i] = min(self.count[i] + 1, self.memory)
-        self.log_ratio[i] += (r - self.log_ratio[i]) / self.count[i]
-        self._factors = None
+        key = n_context // CONTEXT_STEP
+        if key not in self._base:
+            self._base[key] = self.base.seconds_at(n_context)
+        lr = float(self.log_ratio[i])
+        r = min(max(math.log(seconds / float(self._base[key][i])), lr - self.step), lr + self.step)
+        count = min(float(self.count[i]) + 1, self.memory)
+        lr += (r - lr) / count
+        self.count[i], self.log_ratio[i] = count, lr
+        if not abs(lr * count / (count + self.shrink) - self._applied[i]) <= TOLERANCE:  # NaN: new
+            self._factors = None
+            self._at.clear()
 
     def factors(self) -> np.ndarray:
         """Per batch size, what the measured curve's seconds are multiplied by."""
@@ -111,11 +126,17 @@ class LiveCurve:
             seen = np.flatnonzero(self.count)
             shrunk = self.log_ratio[seen] * self.count[seen] / (self.count[seen] + self.shrink)
             self._factors = np.exp(np.interp(np.arange(len(self.count)), seen, shrunk))
+            self._applied[seen] = shrunk
         return self._factors
 
     def at(self, n_context: int) -> CostCurve:
-        seconds = self.base.seconds_at(n_context) * self.factors()
-        return replace(self.base, seconds=np.minimum.accumulate(seconds[::-1])[::-1].tolist(), n_context=n_context)
+        key = n_context // CONTEXT_STEP
+        curve = self._at.get(key)
+        if curve is None:
+            seconds = self.base.seconds_at(n_context) * self.factors()
+            curve = self._at[key] = replace(self.base, seconds=np.minimum.accumulate(seconds[::-1])[::-1].tolist(),
+                                            n_context=n_context)
+        return curve
 
     @property
     def seconds(self) -> list[float]:
