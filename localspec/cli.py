@@ -207,12 +207,14 @@ def agreement(curve, caveat: str = "") -> str:
 
 def cmd_cost(a: argparse.Namespace) -> None:
     from localspec.engine import Engine
-    from localspec.llama.cost import cache_path, cost_curve
+    from localspec.llama.cost import cache_path, cost_curve, read_loop
     from localspec.progress import StderrProgress
     ctx = Engine(engine_config(a, [DrafterSpec("none")]), progress=StderrProgress()).ctx
     curve = cost_curve(ctx, a.max_batch, refresh=a.refresh, progress=StderrProgress())
     print(f"cost curve of {ctx.model.path.name} ({ctx.config.n_threads or 'all'} threads, "
-          f"after {curve.n_context} tokens of context; cached in {cache_path(ctx)})")
+          f"after {curve.n_context} tokens of context; measured {curve.measured_at or 'before this was recorded'}; "
+          f"cached in {cache_path(ctx)})")
+    print(loop_agreement(read_loop(cache_path(ctx))))
     long = curve.at(4096)
     print("| batch | ms/forward | × batch of 1 | after 4,096 tokens: ms | × batch of 1 |\n"
           "|---:|---:|---:|---:|---:|")
@@ -221,6 +223,18 @@ def cmd_cost(a: argparse.Namespace) -> None:
               f"{long.ratio(n):.2f} |")
     print(agreement(curve))
     print(drafter_ceilings(curve))
+
+
+def loop_agreement(loop: dict | None) -> str:
+    """One line on how far the loop's forwards strayed from the curve in its last run."""
+    from localspec.llama.cost import strayed
+    if not loop:
+        return "the loop has not run on this curve yet"
+    sizes = ", ".join(f"{n}: {r:.2f}x" for n, r in list(loop.get("by_batch", {}).items())[:6])
+    return (f"the loop's forwards ({loop['forwards']}, last run {loop.get('at', '?')}) took "
+            f"{loop['ratio']:.2f}x what the curve says" + (f" (by batch {sizes})" if sizes else "")
+            + ("" if not strayed(loop) else ": already measured again for that, `localspec cost --refresh` "
+               "measures it once more" if loop["measured_again"] else ": it is measured again on next use"))
 
 
 def drafter_ceilings(curve) -> str:

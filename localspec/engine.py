@@ -26,7 +26,7 @@ from localspec.drafters.suffix import SuffixDrafter, SuffixStore, store_dir
 from localspec.errors import LocalspecError
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig, common_prefix, default_threads
-from localspec.llama.cost import CostCurve, LiveCurve, cost_curve, planning_curve
+from localspec.llama.cost import CostCurve, LiveCurve, cache_path, cost_curve, planning_curve, record_loop
 from localspec.llama.model import LogHandler, set_log_handler
 from localspec.llama.placement import ALL_LAYERS, layers_that_fit, where
 from localspec.llama.text import chat_tokens, complete_utf8_prefix
@@ -424,6 +424,8 @@ class Engine:
             if rest:
                 yield Delta(rest, 0, 0, controller.arm)
         self._learn([t for t in generated if not self.model.is_eog(t)])
+        if isinstance(self._curve, LiveCurve):  # how far the loop strays from it, kept beside it
+            record_loop(cache_path(self.ctx), self._curve)
         yield Done(reason, text.text, generated, stats, text.matched)
 
     def close(self) -> None:

@@ -206,6 +206,7 @@ def test_cost_curve_is_measured_once_and_cached(small_model, tmp_path, monkeypat
         assert curve.ratio(1) == 1.0
         assert cache_path(ctx).exists() and str(tmp_path) in str(cache_path(ctx))
         assert cost_curve(ctx, max_batch=6) == curve  # read back, not measured again
+        assert curve.measured_at.startswith("20")  # when, for `localspec cost` to say
         assert ctx.tokens == []  # the measurement leaves the context empty
         assert all(a <= b for a, b in zip(curve.seconds, curve.seconds[1:]))
         assert curve.per_context == () and curve.at(4096) is curve  # too small a context to tell
@@ -225,6 +226,48 @@ def test_cost_curve_measures_what_context_adds(small_model, tmp_path, monkeypatc
         cost_curve(small, max_batch=6, refresh=True)  # its own, cached without per_context
     with Context(small_model, ContextConfig(n_ctx=2048, n_threads=2)) as ctx:
         assert len(cost_curve(ctx, max_batch=6, repeats=2).per_context) == 6  # measured again
+
+
+def test_a_cached_curve_the_loop_strays_from_is_measured_again(small_path, tmp_path, monkeypatch):
+    """The curve a fresh install cached while another build ran priced a single token at 4x
+    what the loop paid and a batch of 2 as free, and every later run planned with it. The loop
+    keeps how far its forwards strayed beside the curve, and the next start measures it again."""
+    import json
+
+    from conftest import RECORDED_CURVE
+
+    from localspec.drafters.spec import DrafterSpec
+    from localspec.engine import Engine, EngineConfig, Request
+    from localspec.llama.cost import LiveCurve, cache_path, cost_curve, read_loop, record_loop, strayed
+
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    recorded = json.loads(RECORDED_CURVE.read_text())
+    s = recorded["seconds"]
+    skewed = recorded | {"seconds": [4 * s[0]] * 2 + [4 * x for x in s[2:]], "measured_at": "2026-01-01 00:00:00"}
+    engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=2, drafter=DrafterSpec("lookup")))
+    try:
+        path = cache_path(engine.ctx)
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(skewed))
+        assert engine.curve.base.seconds == skewed["seconds"]  # planned with, as it was cached
+        for prompt in ("def fibonacci(n):\n", "Count from 1 to 40: 1, 2, 3,"):
+            list(engine.generate(Request(prompt=prompt, sampling=SamplingConfig(temperature=0.0), max_tokens=48)))
+        loop = read_loop(path)
+        assert loop["forwards"] >= 32  # every verification forward of both requests
+        assert loop["ratio"] < 0.6 and strayed(loop)  # 4x dearer than what it paid
+        curve = cost_curve(engine.ctx, max_batch=6, repeats=2)  # the next start
+        assert curve.measured_at != skewed["measured_at"] and curve.seconds[0] < s[0] * 2
+        assert read_loop(path) is None and cost_curve(engine.ctx, max_batch=6) == curve  # kept
+        # A loop that strays from the new one too does not measure at every start.
+        live = LiveCurve(curve)
+        for _ in range(40):
+            live.observe(1, 100, 2 * float(curve.seconds_at(100)[0]))
+        record_loop(path, live)
+        assert strayed(read_loop(path)) and cost_curve(engine.ctx, max_batch=6) == curve
+    finally:
+        engine.close()
+    assert not strayed({"forwards": 100, "ratio": 1.1}) and not strayed({"forwards": 10, "ratio": 0.2})
+    assert strayed({"forwards": 32, "ratio": 1.3}) and strayed({"forwards": 40, "ratio": 0.7})
 
 
 def test_cost_curve_at_another_context():
