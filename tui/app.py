@@ -125,6 +125,7 @@ class ChatApp(App):
         self.log_path = cfg.log or self.db_path.with_name("chat.log")
         self.engine: Engine | None = None
         self.model_name = cfg.engine.model
+        self._fallback: str | None = None  # the model to load again if a switch fails
         self.store: Store | None = None
         self.conversation: Conversation | None = None
         self.answer: Message | None = None  # the one being written
@@ -224,6 +225,12 @@ class ChatApp(App):
         if self._progress is not None:
             self._progress.dismiss()
             self._progress = None
+        fallback, self._fallback = self._fallback, None
+        if m.engine is None and fallback:
+            self.notify(f"{m.error} — back to {Path(fallback).stem}.", severity="error", timeout=20, markup=False)
+            self.loading = True
+            self._load(fallback)
+            return
         if m.engine is None:
             self.notify(f"{m.error} — F7 chooses another model.", severity="error", timeout=20, markup=False)
             self.status("no model loaded")
@@ -488,11 +495,17 @@ class ChatApp(App):
 
         def done(name: str | None) -> None:
             if name:
-                self.loading = True
-                self._progress = ProgressScreen()
-                self.push_screen(self._progress)
-                self._load(name, pull=True)
+                self.switch_model(name)
         self.push_screen(ModelScreen(model_store.listing(), Path(self.model_name).stem), done)
+
+    def switch_model(self, name: str) -> None:
+        """Load `name` (pulled first if it must be) in place of the model there is; if it
+        cannot be loaded, the model there was is loaded again."""
+        self.loading = True
+        self._progress = ProgressScreen()
+        self.push_screen(self._progress)
+        self._fallback = self.model_name if self.engine is not None else None
+        self._load(name, pull=True)
 
     def get_system_commands(self, screen: Screen):
         yield from super().get_system_commands(screen)

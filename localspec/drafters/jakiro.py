@@ -13,6 +13,7 @@ from localspec.drafters.base import Budget, DecayingRatio, Drafter, rerank
 from localspec.drafters.files import check_target, read_config
 from localspec.drafters.jakiro_config import JakiroConfig
 from localspec.errors import LocalspecError
+from localspec.llama import gguf
 from localspec.llama.context import common_prefix
 from localspec.llama.cost import CostCurve
 from localspec.llama.model import Model
@@ -29,6 +30,7 @@ class JakiroRuntime:
     def __init__(self, drafter: Path, target: Model, n_ctx: int = 4096, n_threads: int = 0,
                  full_vocab: bool = False):
         self.path = Path(drafter)
+        gguf.check(self.path, model=False)
         self.cfg: JakiroConfig = read_config(drafter)
         check_target(self.cfg, target.n_vocab, target.n_embd, target.tokenizer_hash, target.name)
         try:

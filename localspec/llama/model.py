@@ -16,6 +16,7 @@ import llama_cpp as ll
 
 from localspec import _native
 from localspec.errors import LocalspecError
+from localspec.llama import gguf
 from localspec.llama import rpc as rpc_module
 
 GGUF_MAGIC = b"GGUF"
@@ -62,6 +63,7 @@ def check_gguf(path: Path) -> None:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
         raise LocalspecError(f"not a GGUF file (bad magic {magic!r}): {path}")
+    gguf.check(path)  # what llama.cpp would abort on, refused in one line
 
 
 @dataclass(frozen=True)
