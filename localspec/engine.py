@@ -167,6 +167,14 @@ class Engine:
                 self._curve = LiveCurve(curve)
         return self._curve
 
+    def _price(self) -> Callable[[int, int], float] | None:
+        """With another machine's curve to plan on (cfg.curve): what a forward of n tokens
+        after n_context costs there, so that Cascade measures utility as it would there."""
+        if not self.cfg.curve:
+            return None
+        curve = self.curve
+        return lambda n, n_context: float(curve.seconds_at(n_context)[min(n, len(curve.seconds)) - 1])
+
     @property
     def where(self) -> str:
         """One line on where the target runs."""
@@ -395,7 +403,7 @@ class Engine:
             ctx.clear()
         steps = run(ctx, controller, tokens, request.sampling, request.max_tokens, stats,
                     tie_bound, max_batch, stop_at_eog=not request.ignore_eog, progress=self._reading,
-                    on_forward=getattr(self.curve, "observe", None))
+                    on_forward=getattr(self.curve, "observe", None), price=self._price())
         try:
             while reason is None:
                 if cancel is not None and cancel.is_set():  # seen before the next iteration

@@ -109,15 +109,18 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
         max_tokens: int, stats: Stats | None = None, tie_bound: float = 0.0,
         max_batch: int | None = None, stop_at_eog: bool = True,
         progress: Callable[[int, int], None] | None = None,
-        on_forward: Callable[[int, int, float], None] | None = None) -> Iterator[Iteration]:
+        on_forward: Callable[[int, int, float], None] | None = None,
+        price: Callable[[int, int], float] | None = None) -> Iterator[Iteration]:
     """Generate up to `max_tokens` after `prompt`, an iteration at a time; stops after an
     end-of-generation token (which is emitted) unless stop_at_eog is off. With tie_bound > 0
     (strict, greedy) a position whose top-two gap in the batched logits is below it is
     decided by a single-token forward, as plain decoding would; `max_batch` caps every target
     forward (strict: the largest batch that reproduces single-token decoding). `progress`
     hears how much of a long prompt is decoded, `on_forward` what each verification forward
-    cost (its batch size, the context before it, seconds: LiveCurve.observe). Closing the
-    generator between iterations leaves the KV cache holding exactly ctx.tokens."""
+    cost (its batch size, the context before it, seconds: LiveCurve.observe). With `price`
+    (batch size, context -> seconds: another machine's curve), the controller hears each
+    iteration's time with its forward priced so, as if it ran there. Closing the generator
+    between iterations leaves the KV cache holding exactly ctx.tokens."""
     t0 = time.perf_counter()
     stats = stats if stats is not None else Stats()
     prompt = list(prompt)
@@ -202,7 +205,8 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
                     break
             t_end = time.perf_counter()
             seconds, t_iter = t_end - t_iter, t_end
-            controller.record(len(emitted), seconds, len(tree), len(verdict.path))
+            priced = seconds if price is None else seconds - forward + price(n_pending + len(tree), n_past)
+            controller.record(len(emitted), priced, len(tree), len(verdict.path))
             n_out += len(emitted)
             stats.predicted_n += len(emitted)
             stats.predicted_ms += seconds * 1e3

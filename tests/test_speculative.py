@@ -260,3 +260,24 @@ def test_qwen_greedy_differs_only_at_measured_ties_and_strict_is_identical(qwen_
                         assert near_tie(engine, tokens, ref, spec), (drafter, prompt)
         finally:
             engine.close()
+
+
+def test_on_another_machines_curve_the_controller_hears_its_prices(small_model):
+    """Planning for a GPU on this CPU (bench --curve): what the controller (Cascade) hears of
+    each iteration is its host time here plus its forward priced on that curve, while the
+    iterations report what they took here."""
+    heard = []
+
+    class Hearing(Fixed):
+        def record(self, tokens, seconds, drafted, accepted):
+            heard.append(seconds)
+
+    prompt = small_model.tokenize(PROMPTS[0])
+    with Context(small_model, ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=2)) as ctx:
+        its = list(run(ctx, Hearing(LookupDrafter(), Budget(FLAT, 8), "lookup"), prompt, GREEDY, 32,
+                       price=lambda n, n_context: 10.0 + n))
+    its = its[1:]  # the prompt's
+    assert len(heard) == len(its) > 0
+    for it, s in zip(its, heard):
+        assert it.seconds < 5  # this machine's
+        assert s == pytest.approx(10.0 + 1 + len(it.tree) + it.seconds - it.forward_seconds)
