@@ -29,8 +29,8 @@ from localspec.llama.context import ContextConfig, common_prefix, default_thread
 from localspec.llama.cost import CostCurve, LiveCurve, cache_path, cost_curve, planning_curve, record_loop
 from localspec.llama.model import LogHandler, set_log_handler
 from localspec.llama.placement import ALL_LAYERS, layers_that_fit, where
-from localspec.llama.text import chat_tokens, complete_utf8_prefix
-from localspec.loop import Controller, Iteration, Stats, run
+from localspec.llama.text import StreamDecoder, chat_tokens
+from localspec.loop import Controller, Iteration, RunOptions, Stats, run
 from localspec.progress import Progress
 from localspec.sampling import SamplingConfig
 
@@ -401,9 +401,9 @@ class Engine:
         ctx = self._slot(tokens)
         if not request.cache:
             ctx.clear()
-        steps = run(ctx, controller, tokens, request.sampling, request.max_tokens, stats,
-                    tie_bound, max_batch, stop_at_eog=not request.ignore_eog, progress=self._reading,
-                    on_forward=getattr(self.curve, "observe", None), price=self._price())
+        options = RunOptions(not request.ignore_eog, tie_bound, max_batch, self._reading,
+                             getattr(self.curve, "observe", None), self._price())
+        steps = run(ctx, controller, tokens, request.sampling, request.max_tokens, stats, options)
         try:
             while reason is None:
                 if cancel is not None and cancel.is_set():  # seen before the next iteration
@@ -457,7 +457,7 @@ class TextStream:
     def __init__(self, model: Model, stops: Sequence[str] = ()):
         self.model = model
         self.stops = [s for s in stops if s]
-        self.bytes = b""  # an incomplete character
+        self.decoder = StreamDecoder(model)  # holds an incomplete character
         self.held: list[list] = []  # [text, source] runs not yet given out
         self.text = ""  # everything given out
         self.stopped = False
@@ -465,9 +465,7 @@ class TextStream:
         self._out: list[tuple[str, str | None]] = []
 
     def feed(self, token: int, source: str | None) -> None:
-        self.bytes += self.model.token_bytes(token)
-        n = complete_utf8_prefix(self.bytes)
-        new, self.bytes = self.bytes[:n].decode("utf-8", "replace"), self.bytes[n:]
+        new = self.decoder.feed(token)
         if not new or self.stopped:
             return
         if not self.stops:  # nothing to hold back: out at once, in runs by source
@@ -495,9 +493,9 @@ class TextStream:
     def take(self, final: bool = False) -> tuple[tuple[str, str | None], ...]:
         """The runs of text given out since the last call (at the end, all that is held)."""
         if final and not self.stopped:
-            if self.bytes:
-                self.held.append([self.bytes.decode("utf-8", "replace"), None])
-                self.bytes = b""
+            rest = self.decoder.flush()
+            if rest:
+                self.held.append([rest, None])
             self._release(sum(len(t) for t, _ in self.held))
         out, self._out = tuple(self._out), []
         return out

@@ -105,22 +105,32 @@ class Iteration:
         return self.seconds - self.forward_seconds
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How run() decodes, beyond what to decode."""
+    # Stop after an end-of-generation token (which is emitted).
+    stop_at_eog: bool = True
+    # > 0 (strict, greedy): a position whose top-two gap in the batched logits is below it is
+    # decided by a single-token forward, as plain decoding would.
+    tie_bound: float = 0.0
+    # Caps every target forward (strict: the largest batch that reproduces single tokens).
+    max_batch: int | None = None
+    # Hears how much of a long prompt is decoded (done, total).
+    progress: Callable[[int, int], None] | None = None
+    # Hears what each verification forward cost: batch size, context before it, seconds
+    # (LiveCurve.observe).
+    on_forward: Callable[[int, int, float], None] | None = None
+    # Batch size, context -> seconds on another machine's curve: the controller hears each
+    # iteration's time with its forward priced so, as if it ran there.
+    price: Callable[[int, int], float] | None = None
+
+
 def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: SamplingConfig,
-        max_tokens: int, stats: Stats | None = None, tie_bound: float = 0.0,
-        max_batch: int | None = None, stop_at_eog: bool = True,
-        progress: Callable[[int, int], None] | None = None,
-        on_forward: Callable[[int, int, float], None] | None = None,
-        price: Callable[[int, int], float] | None = None) -> Iterator[Iteration]:
-    """Generate up to `max_tokens` after `prompt`, an iteration at a time; stops after an
-    end-of-generation token (which is emitted) unless stop_at_eog is off. With tie_bound > 0
-    (strict, greedy) a position whose top-two gap in the batched logits is below it is
-    decided by a single-token forward, as plain decoding would; `max_batch` caps every target
-    forward (strict: the largest batch that reproduces single-token decoding). `progress`
-    hears how much of a long prompt is decoded, `on_forward` what each verification forward
-    cost (its batch size, the context before it, seconds: LiveCurve.observe). With `price`
-    (batch size, context -> seconds: another machine's curve), the controller hears each
-    iteration's time with its forward priced so, as if it ran there. Closing the generator
-    between iterations leaves the KV cache holding exactly ctx.tokens."""
+        max_tokens: int, stats: Stats | None = None, options: RunOptions = RunOptions()) -> Iterator[Iteration]:
+    """Generate up to `max_tokens` after `prompt`, an iteration at a time. Closing the
+    generator between iterations leaves the KV cache holding exactly ctx.tokens."""
+    tie_bound, max_batch, stop_at_eog = options.tie_bound, options.max_batch, options.stop_at_eog
+    progress, on_forward, price = options.progress, options.on_forward, options.price
     t0 = time.perf_counter()
     stats = stats if stats is not None else Stats()
     prompt = list(prompt)
@@ -159,13 +169,13 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
     def launch_next() -> tuple[DraftTree, Drafter | None, str, str, int, int]:
         """Choose, draft and size the next iteration's tree and start its forward."""
         context = ctx.tokens + pending
-        choice = controller.choose(context)
         room = min(max_tokens - n_out - 1, ctx.n_ctx - len(context) - 1,
                    (max_batch or ctx.n_ctx) - len(pending))
+        choice = controller.choose(context, room)
         tree, drafter = DraftTree.empty(), None
-        if choice is not None and room > 0:
-            drafter, budget, proposal = choice[0], choice[1].within(room), choice[2]
-            tree = budget.size(proposal if proposal is not None else drafter.propose(context, budget))
+        if choice is not None:
+            drafter, budget, proposal = choice
+            tree = budget.size(proposal)
         launch(ctx, tree, pending, all_pending_rows=bool(followers))
         return tree, drafter, controller.arm, controller.phase, len(ctx.tokens), len(pending)
 
@@ -239,5 +249,5 @@ def generate(ctx: Context, prompt: Sequence[int], max_tokens: int,
              sampling: SamplingConfig = SamplingConfig(), stop_at_eog: bool = True,
              stats: Stats | None = None) -> list[int]:
     """Plain decoding: the reference every speculative output is compared with."""
-    return [t for it in run(ctx, Plain(), prompt, sampling, max_tokens, stats, stop_at_eog=stop_at_eog)
+    return [t for it in run(ctx, Plain(), prompt, sampling, max_tokens, stats, RunOptions(stop_at_eog=stop_at_eog))
             for t in it.tokens]

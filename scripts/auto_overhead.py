@@ -23,7 +23,7 @@ for watch in (False, True):
     for i in range(n):
         ctx.append(int(ctx[rng.integers(0, len(ctx))]) if i % 3 else int(rng.integers(0, 2000)))
         t0 = time.perf_counter()
-        auto.choose(ctx)
+        auto.choose(ctx, 64)
         auto.record(1, 0.04, 0, 0)
         t += time.perf_counter() - t0
     print(f"watch={watch}: {t / n * 1e6:.0f} us per plain iteration")

@@ -42,8 +42,8 @@ class Timed(ChatApp):
         self.sent = 0.0
         self.ended = asyncio.Event()  # waited on, not polled: polling would cost the engine CPU
 
-    async def _end(self, stopped, stats):
-        await super()._end(stopped, stats)
+    async def end_answer(self, stopped, stats):
+        await super().end_answer(stopped, stats)
         self.ended.set()
 
     async def take(self, m):

@@ -60,7 +60,7 @@ def positions(engine, prompt, answer, store, confidence):
     for i in range(len(answer) - 1):
         context, following = prompt + answer[:i + 1], answer[i + 1:]
         proposals = []
-        lookup._sync(context)
+        lookup.sync(context)
         drafts = [("lookup", *lookup.index.draft(64, 63, 32)),
                   ("store", *store.native.draft(np.asarray(context[-31:], np.int32), 31, 64, 63, 2.0, 0.1))]
         for source, tokens, parents, counts, n_match, n_occ in drafts:

@@ -28,7 +28,7 @@ def main() -> None:
     groups: dict[tuple, list[float]] = collections.defaultdict(lambda: [0, 0, 0, 0.0])
 
     def hook(it) -> None:
-        source = drafter._from
+        source = drafter.source
         n_match = (drafter.acceptance if source == "store" else drafter.lookup.acceptance).last
         g = groups[("plain", 0) if not len(it.tree) else (source, n_match)]
         g[0] += 1

@@ -178,11 +178,11 @@ def test_a_sure_proposal_of_a_free_drafter_runs_outside_cascades_phases():
     drafter = Copying()
     controller = CascadeController({"lookup": drafter}, curve, n_seq_max=8)
     controller.begin()
-    assert controller.choose([1, 2, 3]) is None or controller.phase != "sure"
+    assert controller.choose([1, 2, 3], 64) is None or controller.phase != "sure"
     controller.record(1, 0.1, 0, 0)
     drafter.sure = True
     state = (controller.cascade.next_arm(), len(controller.cascade.trace))
-    chosen = controller.choose([1, 2, 3])
+    chosen = controller.choose([1, 2, 3], 64)
     assert chosen is not None and chosen[0] is drafter and controller.phase == "sure"
     assert len(chosen[1].size(drafter.propose([], chosen[1]))) >= 8  # a long chain, not K
     controller.record(12, 0.5, 11, 11)

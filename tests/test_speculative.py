@@ -21,7 +21,7 @@ from localspec.errors import LocalspecError
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig
 from localspec.llama.cost import CostCurve
-from localspec.loop import Stats, generate, run
+from localspec.loop import RunOptions, Stats, generate, run
 from localspec.sampling import SamplingConfig, TokenSampler
 from localspec.verify import DraftTree, verify_tree
 
@@ -275,7 +275,7 @@ def test_on_another_machines_curve_the_controller_hears_its_prices(small_model):
     prompt = small_model.tokenize(PROMPTS[0])
     with Context(small_model, ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=2)) as ctx:
         its = list(run(ctx, Hearing(LookupDrafter(), Budget(FLAT, 8), "lookup"), prompt, GREEDY, 32,
-                       price=lambda n, n_context: 10.0 + n))
+                       options=RunOptions(price=lambda n, n_context: 10.0 + n)))
     its = its[1:]  # the prompt's
     assert len(heard) == len(its) > 0
     for it, s in zip(its, heard):

@@ -369,18 +369,19 @@ class ChatApp(App):
                 self.status(m.live.line())
         if m.error is not None:
             self.notify(m.error, severity="error", markup=False)
-            await self._end(stopped=True, stats=answer.stats)
+            await self.end_answer(stopped=True, stats=answer.stats)
         elif m.done is not None:
             stats = m.done.stats.as_dict() | {"arm": self._arm}
             if m.done.reason == "length" and m.done.stats.predicted_n < self.cfg.max_tokens:
                 self.notify("The context is full: the answer stops here. Start a new conversation "
                             "(Ctrl+N), or drop old messages by deleting them.", severity="warning")
-            await self._end(stopped=m.done.reason in ("cancelled", "length"), stats=stats)
+            await self.end_answer(stopped=m.done.reason in ("cancelled", "length"), stats=stats)
         elif time.monotonic() - self._saved_at >= SAVE_EVERY:
             self.store.save_message(answer)
             self._saved_at = time.monotonic()
 
-    async def _end(self, stopped: bool, stats: dict) -> None:
+    async def end_answer(self, stopped: bool, stats: dict) -> None:
+        """An answer ended (stopped: by Esc, the length or the context): saved and shown."""
         answer, view = self.answer, self.answer_view
         answer.stopped, answer.stats = stopped, stats
         self.store.save_message(answer)

@@ -19,8 +19,7 @@ from localspec.llama.cost import CostCurve
 from localspec.loop import Iteration
 from localspec.llama.text import chat_tokens
 from localspec.sampling import SamplingConfig
-from localspec.serve.app import ServeConfig
-from localspec.serve.infill import ExtraChunk, infill_tokens
+from localspec.serve.infill import INFILL_BATCH, INFILL_PREDICT, ExtraChunk, infill_tokens
 
 
 @dataclass
@@ -108,8 +107,8 @@ def prompt_tokens(engine: Engine, p: Prompt) -> list[int]:
         return chat_tokens(engine.model, [{"role": "user", "content": p.prompt}])
     if p.kind == "fim":  # as localspec serve (and llama-server) build an editor's request
         return infill_tokens(engine.model, p.prefix, p.suffix, p.prompt,
-                             [ExtraChunk(f, t) for f, t in p.extra], ServeConfig.infill_batch,
-                             engine.ctx.n_ctx, ServeConfig.infill_predict)
+                             [ExtraChunk(f, t) for f, t in p.extra], INFILL_BATCH,
+                             engine.ctx.n_ctx, INFILL_PREDICT)
     return engine.model.tokenize(p.prompt)
 
 

@@ -1,6 +1,6 @@
-"""Controllers: before each iteration of the loop, which drafter proposes and within what
-budget (and its proposal, when the controller already asked for one), or plain decoding
-(None); after it, what that iteration emitted and cost.
+"""Controllers: before each iteration of the loop, which drafter drafts, within what budget,
+and its proposal (the controller asks for it; the loop sizes it to the budget), or plain
+decoding (None); after it, what that iteration emitted and cost.
 
 - Plain: never drafts.
 - Fixed: one drafter every iteration, its tree sized by the cost curve or a static K.
@@ -15,8 +15,8 @@ from localspec.drafters.base import Budget, DecayingRatio, Drafter
 from localspec.llama.cost import CostCurve
 from localspec.verify import DraftTree
 
-# What runs an iteration: the drafter, its budget, and its proposal if already made.
-Choice = tuple[Drafter, Budget, DraftTree | None]
+# What runs an iteration: the drafter, its budget, and its proposal.
+Choice = tuple[Drafter, Budget, DraftTree]
 
 
 class Plain:
@@ -27,7 +27,9 @@ class Plain:
     def begin(self) -> None:
         pass
 
-    def choose(self, context: list[int]) -> Choice | None:
+    def choose(self, context: list[int], room: int) -> Choice | None:
+        """The next iteration's drafter, budget and proposal after `context`, with room for
+        at most `room` draft tokens; None: a plain step."""
         return None
 
     def record(self, tokens: int, seconds: float, drafted: int, accepted: int) -> None:
@@ -40,8 +42,11 @@ class Fixed(Plain):
         self.drafters = (drafter,)
         self.arm = label
 
-    def choose(self, context: list[int]) -> Choice | None:
-        return self.drafter, self.budget.at(len(context)), None
+    def choose(self, context: list[int], room: int) -> Choice | None:
+        if room <= 0:
+            return None
+        budget = self.budget.at(len(context)).within(room)
+        return self.drafter, budget, self.drafter.propose(context, budget)
 
 
 class CascadeController:
@@ -83,7 +88,7 @@ class CascadeController:
         self._shadows = []
         self._previous = ""
 
-    def choose(self, context: list[int]) -> Choice | None:
+    def choose(self, context: list[int], room: int) -> Choice | None:
         self._context = context
         self._curve = curve = self.curve.at(len(context))
         self._score_shadows(context)
@@ -98,7 +103,7 @@ class CascadeController:
             if budget.speedup(proposals[w]) >= self.sure_at:
                 self._sure = w
                 self.arm, self.phase = w, "sure"
-                return self.members[w], budget, proposals[w]
+                return (self.members[w], budget.within(room), proposals[w]) if room > 0 else None
         name, k = self.cascade.next_arm()
         self.arm, self.phase = f"{name}@{k}" if k else "plain", self.cascade.phase
         if (name, k) == PLAIN:
@@ -106,7 +111,11 @@ class CascadeController:
                 tree = Budget(curve, self.n_seq_max, self.cascade.k_start(w)).size(proposal)
                 self._shadows.append((w, len(context), tree, curve.ratio(1 + len(tree))))
             return None
-        return self.members[name], Budget(curve, self.n_seq_max, k), proposals.get(name)
+        if room <= 0:
+            return None
+        budget = Budget(curve, self.n_seq_max, k).within(room)
+        proposal = proposals.get(name)
+        return self.members[name], budget, proposal if proposal is not None else self.members[name].propose(context, budget)
 
     def record(self, tokens: int, seconds: float, drafted: int, accepted: int) -> None:
         if self._sure:

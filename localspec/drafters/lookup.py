@@ -23,9 +23,9 @@ class LookupDrafter(Drafter):
         self.acceptance = MatchAcceptance(n_min)
 
     def begin(self, prompt: list[int], sampling: SamplingConfig) -> None:
-        self._sync(prompt, whole=True)
+        self.sync(prompt, whole=True)
 
-    def _sync(self, context: list[int], whole: bool = False) -> None:
+    def sync(self, context: list[int], whole: bool = False) -> None:
         """Index exactly `context`: extend when it continues what is indexed, rebuild when not.
         Within a request the context only grows, so there its first and last indexed tokens
         are checked (comparing all of it took a fifth of a millisecond an iteration); a new
@@ -41,7 +41,7 @@ class LookupDrafter(Drafter):
 
     def propose(self, context: list[int], budget: Budget) -> DraftTree:
         self.acceptance.start(context)
-        self._sync(context)
+        self.sync(context)
         return self.acceptance.tree(*self.index.draft(budget.max_nodes, self.max_depth, self.max_occurrences))
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:

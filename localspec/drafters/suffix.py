@@ -258,7 +258,7 @@ class SuffixDrafter(Drafter):
         self.max_depth, self.alpha, self.min_share = max_depth, alpha, min_share
         # Of store drafts: text of other documents starts as a weaker bet than the request's own.
         self.acceptance = MatchAcceptance(base=0.2, cap=0.7)
-        self._from = "lookup"
+        self.source = "lookup"  # where the last proposal came from: "lookup" or "store"
 
     def begin(self, prompt: list[int], sampling: SamplingConfig) -> None:
         self.lookup.begin(prompt, sampling)
@@ -267,7 +267,7 @@ class SuffixDrafter(Drafter):
         self.acceptance.start(context)
         own = self.lookup.propose(context, budget)
         stored = self._from_store(context, budget)
-        best, self._from = max((own, "lookup"), (stored, "store"), key=lambda t: budget.speedup(t[0]))
+        best, self.source = max((own, "lookup"), (stored, "store"), key=lambda t: budget.speedup(t[0]))
         return best
 
     def _from_store(self, context: list[int], budget: Budget) -> DraftTree:
@@ -278,7 +278,7 @@ class SuffixDrafter(Drafter):
         return self.acceptance.tree(tokens, parents, counts, n_match, n_occ)
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
-        (self.lookup.acceptance if self._from == "lookup" else self.acceptance).observe(tree, verdict)
+        (self.lookup.acceptance if self.source == "lookup" else self.acceptance).observe(tree, verdict)
 
 
 SKIP_DIRS = {"node_modules", "__pycache__", "venv", "build", "dist", "target"}

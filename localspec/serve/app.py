@@ -24,7 +24,7 @@ from localspec.errors import LocalspecError
 from localspec.loop import Stats
 from localspec.sampling import SamplingConfig
 from localspec.serve import schema
-from localspec.serve.infill import ExtraChunk, infill_tokens, missing_fim_tokens
+from localspec.serve.infill import INFILL_BATCH, INFILL_PREDICT, ExtraChunk, infill_tokens, missing_fim_tokens
 from localspec.worker import END, Job, Worker
 
 PUBLIC = {"/health", "/v1/health", "/models", "/v1/models"}  # open even with an API key
@@ -37,10 +37,8 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "
 class ServeConfig:
     api_key: str | None = None
     max_body: int = 16 << 20  # bytes
-    # The extra chunks of /infill fill the context beyond one batch, keeping room for this many
-    # tokens of answer twice over (llama-server: its -n; here the editors' usual n_predict).
-    infill_predict: int = 128
-    infill_batch: int = 2048
+    infill_predict: int = INFILL_PREDICT
+    infill_batch: int = INFILL_BATCH
 
 
 class APIError(Exception):

@@ -27,6 +27,12 @@ def missing_fim_tokens(model: Model) -> str:
                    (("prefix", s.fim_pre), ("suffix", s.fim_suf), ("middle", s.fim_mid)) if tok < 0)
 
 
+# The extra chunks of /infill fill the context beyond one batch, keeping room for this many
+# tokens of answer twice over (llama-server: its -n; here the editors' usual n_predict).
+INFILL_PREDICT = 128
+INFILL_BATCH = 2048
+
+
 def infill_tokens(model: Model, prefix: str, suffix: str, prompt: str, extra: list[ExtraChunk],
                   n_batch: int, n_ctx: int, n_predict: int) -> list[int]:
     """The token sequence llama-server decodes for an /infill request. `n_batch` bounds what the
