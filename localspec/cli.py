@@ -179,6 +179,12 @@ def cmd_models(a: argparse.Namespace) -> None:
     for name, size, on_disk, desc in rows:
         print(f"{name:32} {_mb(size):>9}  {_mb(on_disk) if on_disk else '-':>9}  {desc}")
     print(f"store: {store.store_dir()} ({_mb(store.disk_usage())} used)")
+    from localspec.found import found
+    models = found()
+    if models:
+        print(f"\nfound elsewhere, used in place (-m NAME):\n{'name':56} {'size':>9}  where")
+        for f in models:
+            print(f"{f.name:56} {_mb(f.path.stat().st_size):>9}  {f.source}: {f.path}")
 
 
 def cmd_rm(a: argparse.Namespace) -> None:

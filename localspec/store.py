@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterator
 
+from localspec import found
 from localspec.llama.model import check_gguf
 from localspec.errors import LocalspecError
 from localspec.paths import data_dir
@@ -125,8 +126,15 @@ def looks_like_path(spec: str) -> bool:
 
 
 def resolve(spec: str, pull_missing: bool = True, progress: Progress | None = None) -> Path:
-    """A registry name or a GGUF path -> the GGUF file to load, pulling it if need be (with
-    `progress` hearing how far the download got; None: a bar on stderr)."""
+    """A registry name, a GGUF path or a model found in another tool's folder (SOURCE:WHAT,
+    localspec/found.py) -> the GGUF file to load, pulling it if need be (with `progress`
+    hearing how far the download got; None: a bar on stderr)."""
+    if found.is_found_name(spec):
+        path = found.find(spec)
+        if path is None:
+            raise LocalspecError(f"model '{spec}' not found: `localspec models` lists the models found")
+        check_gguf(path)
+        return path
     if spec not in registry() and (looks_like_path(spec) or Path(spec).exists()):
         path = Path(spec).expanduser()
         check_gguf(path)
