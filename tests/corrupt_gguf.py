@@ -85,8 +85,8 @@ def cases(src: Path, work: Path):
     """(name, a function writing the case to a path)."""
     p = parse(src)
     size = src.stat().st_size
-    raw_head = src.read_bytes()[:p.data[0]]
-    arch = next(gguf.read_header(src).metadata["general.architecture"] for _ in [0])
+    header = gguf.read_header(src)
+    arch = header.metadata["general.architecture"]
 
     def truncated(n):
         def make(dest):
@@ -94,7 +94,7 @@ def cases(src: Path, work: Path):
                 os.sendfile(fout.fileno(), fin.fileno(), None, n)
         return make
 
-    for n in (10, 1000, len(raw_head) // 2, p.data[0], p.data[0] + 4096, size // 2, size - 1):
+    for n in (10, 1000, p.data[0] // 2, p.data[0], p.data[0] + 4096, size // 2, size - 1):
         yield f"truncated at {n} bytes", truncated(n)
 
     def patched(offset, data):
@@ -127,7 +127,7 @@ def cases(src: Path, work: Path):
             shown = value if kind == 8 else struct.unpack("<" + gguf.SCALARS[kind], value)[0]
             yield (f"{arch}.{key} = {shown!r} (type {kind})",
                    lambda dest, k=key, t=kind, v=value: write(with_kv(p, f"{arch}.{k}", t, v), src, dest))
-    n_layer = gguf.read_header(src).metadata[f"{arch}.block_count"]
+    n_layer = header.metadata[f"{arch}.block_count"]
     for n in (n_layer - 1, n_layer + 1):
         yield f"{arch}.block_count = {n} (its tensors say {n_layer})", \
             lambda dest, n=n: write(with_kv(p, f"{arch}.block_count", 4, struct.pack("<I", n)), src, dest)
@@ -138,7 +138,6 @@ def cases(src: Path, work: Path):
     yield "no vocabulary", lambda dest: write(
         Parsed(p.preamble, [kv for kv in p.kvs if kv[0] != "tokenizer.ggml.tokens"], p.tensors, p.data), src, dest)
 
-    header = gguf.read_header(src)
     for which in (0, len(header.tensors) // 2, len(header.tensors) - 1):
         t = header.tensors[which]
         yield f"tensor {t.name} missing", lambda dest, which=which: write(
