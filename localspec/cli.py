@@ -154,6 +154,7 @@ def cmd_serve(a: argparse.Namespace) -> None:
     def load() -> Engine:
         engine = Engine(cfg)
         print(f"localspec: {engine.where}", file=sys.stderr, flush=True)
+        engine.prepare()  # the first request waits for nothing /health did not
         return engine
     worker = Worker(load)
     print(f"localspec serving {a.model} on http://{a.host}:{a.port} (/infill, /completion, /v1/*); "
@@ -204,11 +205,11 @@ def cmd_rpc_server(a: argparse.Namespace) -> None:
     rpc.serve(a.host, a.port, a.threads, str(cache_dir() / "rpc") if a.cache else "")
 
 
-def agreement(curve, caveat: str = "") -> str:
+def agreement(discrepancy: float, exact_batch: int, caveat: str = "") -> str:
     """How far batched logits stray from single-token ones, and up to what batch they do not."""
-    exact = (f"; batches of up to {curve.exact_batch} tokens reproduce single tokens exactly"
-             if curve.exact_batch >= 2 else "")
-    return f"batched vs single-token logits differ by up to {curve.discrepancy:.3f}{caveat}{exact}"
+    exact = (f"; batches of up to {exact_batch} tokens reproduce single tokens exactly"
+             if exact_batch >= 2 else "")
+    return f"batched vs single-token logits differ by up to {discrepancy:.3f}{caveat}{exact}"
 
 
 def cmd_cost(a: argparse.Namespace) -> None:
@@ -227,7 +228,7 @@ def cmd_cost(a: argparse.Namespace) -> None:
     for n in range(1, len(curve.seconds) + 1):
         print(f"| {n} | {curve.cost(n) * 1e3:.1f} | {curve.ratio(n):.2f} | {long.cost(n) * 1e3:.1f} | "
               f"{long.ratio(n):.2f} |")
-    print(agreement(curve))
+    print(agreement(curve.discrepancy, curve.exact_batch))
     print(drafter_ceilings(curve))
 
 
@@ -360,7 +361,8 @@ def cmd_bench(a: argparse.Namespace) -> None:
     prompts, warm = workloads.load_warm(cfg.workload, cfg.limit)
     # The bench's suffix store is its own, in memory: the user's stays as it was, and every
     # configuration starts each turn from the same store.
-    engine = Engine(replace(engine_config(a, list(specs)), store=":memory:"), progress=StderrProgress())
+    engine = Engine(replace(engine_config(a, list(specs)), store=":memory:", whole_curve=True),
+                    progress=StderrProgress())
     sampling = sampling_config(a)
     for spec in specs:
         engine.controller(spec)  # load drafters (and fail on bad ones) before timing anything
@@ -400,10 +402,10 @@ def cmd_bench(a: argparse.Namespace) -> None:
     ceiling = report.ceiling_line(configs)
     if ceiling:
         print("\n" + ceiling)
-    print("\n" + agreement(engine.curve, " (a tie within it may legitimately flip)"))
+    print("\n" + agreement(*engine.exactness, " (a tie within it may legitimately flip)"))
     meta = {"model": str(engine.model.path), "workload": cfg.workload, "n": len(prompts),
             "max_tokens": cfg.max_tokens, "temperature": sampling.temperature, "repeat": cfg.repeat,
-            "seed": sampling.seed, "discrepancy": engine.curve.discrepancy,
+            "seed": sampling.seed, "discrepancy": engine.exactness[0],
             "projected_on": a.curve or None, "argv": sys.argv[1:]}
     if cfg.json_out:
         report.write_json(configs, meta, Path(cfg.json_out), projected_on)

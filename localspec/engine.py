@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -26,7 +27,8 @@ from localspec.drafters.suffix import SuffixDrafter, SuffixStore, store_dir
 from localspec.errors import LocalspecError
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig, common_prefix, default_threads
-from localspec.llama.cost import CostCurve, LiveCurve, cache_path, cost_curve, planning_curve, record_loop
+from localspec.llama.cost import (LONG_CONTEXT, MAX_BATCH, CostCurve, LiveCurve, cache_path, cost_curve, exactness,
+                                  keep, measure, planning_curve, record_loop)
 from localspec.llama.model import LogHandler, set_log_handler
 from localspec.llama.placement import ALL_LAYERS, layers_that_fit, where
 from localspec.llama.text import StreamDecoder, chat_tokens
@@ -35,6 +37,7 @@ from localspec.progress import Progress
 from localspec.sampling import SamplingConfig
 
 DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b-instruct"
+REFINE_IDLE = 1.0  # seconds without a request before the whole curve's measurement goes on
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,12 @@ class EngineConfig:
     # rpc-servers (HOST:PORT) that hold the target's offloaded layers (all of them unless
     # n_gpu_layers says how many); drafters stay on this machine.
     rpc: tuple[str, ...] = ()
+    # A model's first start plans on a coarse cost curve measured in seconds; the whole curve
+    # is measured between requests (a forward at a time, once none has run for REFINE_IDLE),
+    # then cached. False: not in the background (LOCALSPEC_REFINE_CURVE=0; the test suite,
+    # whose processes would slow each other). whole_curve: measured before the first request.
+    refine_curve: bool = field(default_factory=lambda: os.environ.get("LOCALSPEC_REFINE_CURVE") != "0")
+    whole_curve: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,11 +154,14 @@ class Engine:
         self._store_error = ""
         self._lock = threading.Lock()
         self._owner: int | None = None
+        self._idle_since = time.monotonic()
+        self._closing = threading.Event()
+        self._refiner: threading.Thread | None = None
         if cfg.strict:
-            curve = self.curve
-            if curve.exact_batch >= 2:  # prompts too in batches that reproduce single tokens
+            exact_batch = self.exactness[1]
+            if exact_batch >= 2:  # prompts too in batches that reproduce single tokens
                 for ctx in self.slots:
-                    ctx.chunk, ctx.all_exact = curve.exact_batch, True
+                    ctx.chunk, ctx.all_exact = exact_batch, True
 
     # --- what the engine holds ---------------------------------------------------------------
 
@@ -160,12 +172,60 @@ class Engine:
         if self._curve is None and self.cfg.curve:
             self._curve = planning_curve(Path(self.cfg.curve), self.ctx)
         if self._curve is None:
-            curve = cost_curve(self.ctx, progress=self.progress)
+            curve = cost_curve(self.ctx, progress=self.progress, quick=not self.cfg.whole_curve)
             if self.cfg.flat_cost:
                 self._curve = replace(curve, seconds=[curve.seconds[0]] * len(curve.seconds), per_context=())
             else:
                 self._curve = LiveCurve(curve)
+                if curve.coarse and self.cfg.refine_curve:
+                    self._refiner = threading.Thread(target=self._refine, name="localspec-curve", daemon=True)
+                    self._refiner.start()
         return self._curve
+
+    @property
+    def exactness(self) -> tuple[float, int]:
+        """How far batched forwards reproduce single tokens here: (the largest logit difference,
+        the largest batch that was exact), as the whole cost curve measures it."""
+        curve = self.curve
+        coarse = getattr(curve, "base", curve).coarse
+        return exactness(self.ctx) if coarse else (curve.discrepancy, curve.exact_batch)
+
+    def _refine(self) -> None:
+        """The whole cost curve, measured in a context of its own between requests, then
+        cached and planned on in place of the coarse one."""
+        try:
+            with self._turn():
+                config = replace(self.ctx.config, n_ctx=min(self.ctx.config.n_ctx, LONG_CONTEXT + MAX_BATCH))
+                ctx = Context(self.model, config)
+            try:
+                curve = measure(ctx, turn=self._turn)
+            finally:
+                with self._turn(closing=True):
+                    ctx.close()
+            keep(self.ctx, curve)
+            with self._lock:
+                self._curve.rebase(curve)
+        except _Closing:
+            pass
+
+    @contextlib.contextmanager
+    def _turn(self, closing: bool = False) -> Iterator[None]:
+        """The engine's lock for the curve's measurement, once no request has run for
+        REFINE_IDLE seconds (at once with `closing`); _Closing when the engine closes first."""
+        while True:
+            if self._closing.is_set() and not closing:
+                raise _Closing
+            wait = 0.0 if closing else self._idle_since + REFINE_IDLE - time.monotonic()
+            if wait > 0:
+                self._closing.wait(wait)
+            elif self._lock.acquire(timeout=0.1):
+                if closing or time.monotonic() - self._idle_since >= REFINE_IDLE:
+                    break
+                self._lock.release()
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def _price(self) -> Callable[[int, int], float] | None:
         """With another machine's curve to plan on (cfg.curve): what a forward of n tokens
@@ -281,6 +341,15 @@ class Engine:
         return {label: head(store.acceptance_head(self.model.path, draft.path, label))
                 for label in ("greedy", "sampled")}
 
+    def prepare(self, spec: DrafterSpec | None = None) -> None:
+        """Load, build and measure what requests with `spec` (the engine's drafter by default)
+        need, now rather than inside the first of them."""
+        spec = spec or self.cfg.drafter
+        with self._running():
+            self.controller(spec)
+            if spec.kind != "none":
+                self.curve
+
     def controller(self, spec: DrafterSpec) -> Controller:
         """What runs a request with this spec; auto's Cascade keeps what it learnt across
         requests."""
@@ -369,6 +438,7 @@ class Engine:
                 yield
             finally:
                 self._owner = None
+                self._idle_since = time.monotonic()
 
     def generate(self, request: Request, cancel: threading.Event | None = None,
                  on_iteration: Callable[[Iteration], None] | None = None) -> Iterator[Delta | Done]:
@@ -390,10 +460,11 @@ class Engine:
         if self.cfg.strict and spec.kind != "none":
             if request.sampling.temperature > 0:
                 raise LocalspecError("--strict applies to greedy decoding (temperature 0)")
-            if self.curve.exact_batch >= 2:
-                max_batch = self.curve.exact_batch
+            discrepancy, exact_batch = self.exactness
+            if exact_batch >= 2:
+                max_batch = exact_batch
             else:
-                tie_bound = self.curve.discrepancy * 2
+                tie_bound = discrepancy * 2
         stats = Stats()
         text = TextStream(self.model, request.stop)
         generated: list[int] = []
@@ -401,8 +472,8 @@ class Engine:
         ctx = self._slot(tokens)
         if not request.cache:
             ctx.clear()
-        options = RunOptions(not request.ignore_eog, tie_bound, max_batch, self._reading,
-                             getattr(self.curve, "observe", None), self._price())
+        observe = getattr(self.curve, "observe", None) if spec.kind != "none" else None  # plain needs no curve
+        options = RunOptions(not request.ignore_eog, tie_bound, max_batch, self._reading, observe, self._price())
         steps = run(ctx, controller, tokens, request.sampling, request.max_tokens, stats, options)
         try:
             while reason is None:
@@ -437,6 +508,9 @@ class Engine:
         yield Done(reason, text.text, generated, stats, text.matched)
 
     def close(self) -> None:
+        self._closing.set()
+        if self._refiner is not None:
+            self._refiner.join()
         for d in self._drafters.values():
             d.close()
         for s in self._stores.values():
@@ -447,6 +521,10 @@ class Engine:
         for ctx in self.slots:
             ctx.close()
         self.model.close()
+
+
+class _Closing(Exception):
+    """The engine closed while its curve was being measured."""
 
 
 class TextStream:

@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--strict", action="store_true")
     a = ap.parse_args()
     engine = Engine(EngineConfig(model=a.model, threads=a.threads, strict=a.strict, drafter=NONE))
-    bound = engine.curve.discrepancy
+    bound = engine.exactness[0]
     same = ties = other = reused = 0
     for first, second in two_turn_chats(a.chats):
         one = [{"role": "user", "content": first}]

@@ -20,6 +20,10 @@ import pytest
 if not os.environ.get("LOCALSPEC_TEST_RUN"):  # a test's own subprocess shares its run's
     os.environ["LOCALSPEC_TEST_RUN"] = "1"
     os.environ["LOCALSPEC_HOME"] = tempfile.mkdtemp(prefix="localspec-test-home-")
+    # Engines plan on the coarse curve and do not measure the whole one between requests: an
+    # idle server measuring beside the test that uses it would slow both (test_engine.py tests
+    # that measurement).
+    os.environ["LOCALSPEC_REFINE_CURVE"] = "0"
     if not os.environ.get("LOCALSPEC_KEEP_TEST_HOME"):  # kept to look into what a run wrote
         atexit.register(shutil.rmtree, os.environ["LOCALSPEC_HOME"], ignore_errors=True)
 TEST_MODELS = Path(os.environ.get("LOCALSPEC_TEST_MODELS") or

@@ -1,6 +1,7 @@
 """llama.cpp's model and context on real models: decoding exactly like llama.cpp."""
 
 import ctypes
+import time
 from pathlib import Path
 
 import llama_cpp
@@ -355,3 +356,50 @@ def test_a_curve_from_another_machine_as_json_or_as_the_printed_table(tmp_path):
     for bad in (tmp_path / "bad.json", tmp_path / "missing.json", Path(__file__).parent / "conftest.py"):
         with pytest.raises(LocalspecError, match="not a cost curve"):
             read_curve(bad)
+
+
+def test_a_new_model_starts_on_a_quick_curve_and_measures_the_whole_one_between_requests(
+        small_path, tmp_path, monkeypatch):
+    """A first start plans on a coarse curve measured in seconds; the whole curve is measured
+    in a context of its own between requests, a forward at a time, without touching what they
+    answer, then cached and planned on (by the same LiveCurve every drafter's budget holds)."""
+    import json
+
+    from localspec.drafters.spec import DrafterSpec
+    from localspec.engine import Engine, EngineConfig, Request
+    from localspec.llama.cost import cache_path
+
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    config = EngineConfig(model=str(small_path), n_ctx=512, threads=2, drafter=DrafterSpec("lookup"),
+                          refine_curve=True)
+    request = Request(prompt="Count from 1 to 40: 1, 2, 3,", sampling=SamplingConfig(temperature=0.0), max_tokens=24)
+    engine = Engine(config)
+    try:
+        live = engine.curve
+        assert live.base.coarse and len(live.seconds) == 64
+        assert all(a <= b for a, b in zip(live.base.seconds, live.base.seconds[1:]))
+        assert json.loads(cache_path(engine.ctx).read_text())["coarse"]
+        first = list(engine.generate(request))[-1].tokens
+        deadline = time.time() + 900
+        for _ in range(3):  # requests between its forwards
+            time.sleep(1.5)  # idle long enough for its turn
+            assert list(engine.generate(request))[-1].tokens == first
+        while live.base.coarse and time.time() < deadline:
+            time.sleep(0.5)
+        assert not live.base.coarse and engine.curve is live
+        assert engine.exactness == (live.base.discrepancy, live.base.exact_batch) and live.base.discrepancy >= 0
+        cached = json.loads(cache_path(engine.ctx).read_text())
+        assert not cached["coarse"] and cached["seconds"] == live.base.seconds
+    finally:
+        engine.close()
+    engine = Engine(config)
+    try:
+        assert not engine.curve.base.coarse and engine._refiner is None  # the cached whole curve
+    finally:
+        engine.close()
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "again"))
+    engine = Engine(config)
+    engine.curve
+    time.sleep(3)  # measuring
+    engine.close()  # closes mid-measurement: the measuring thread ends with it
+    assert not engine._refiner.is_alive()

@@ -246,10 +246,10 @@ def test_qwen_greedy_differs_only_at_measured_ties_and_strict_is_identical(qwen_
         engine = Engine(EngineConfig(model=str(qwen_path), threads=2, n_ctx=2048, strict=strict))
         try:
             if strict:
-                assert engine.curve.exact_batch >= 2, "no batch reproduces single tokens here"
+                assert engine.exactness[1] >= 2, "no batch reproduces single tokens here"
             else:
-                assert engine.curve.discrepancy > 0
-            for prompt in PROMPTS[:8]:
+                assert engine.exactness[0] > 0
+            for prompt in PROMPTS[:6]:
                 tokens = engine.model.tokenize(prompt)
                 ref, _ = run_ours(engine, tokens, NONE, 96, GREEDY)
                 for drafter in ("lookup", "suffix"):

@@ -202,7 +202,7 @@ class ChatApp(App):
                 model_store.resolve(model, progress=progress)
             engine = Engine(replace(self.cfg.engine, model=model), progress=progress,
                             log=lambda level, text: self._log.write(text))
-            engine.curve  # measured on first use: here, with its progress shown
+            engine.prepare()  # drafters and the cost curve, with their progress shown
             return engine
         self.worker = Worker(load)
         self._wait_loaded(self.worker)

@@ -144,7 +144,7 @@ def near_tie(engine: Engine, prompt: list[int], plain: list[int], other: list[in
         ctx.append(t)
         logits = ctx.logits(0)
     top2 = np.partition(logits, -2)[-2:]
-    return float(abs(top2[1] - top2[0])) <= engine.curve.discrepancy
+    return float(abs(top2[1] - top2[0])) <= engine.exactness[0]
 
 
 def warm_documents(engine: Engine, warm: Warm, max_tokens: int, cache: Path | None = None,

@@ -9,6 +9,7 @@ more forwards than after a short one."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -18,6 +19,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Callable, ContextManager
 
 import llama_cpp as ll
 import numpy as np
@@ -35,6 +37,11 @@ LONG_CONTEXT = 2048  # where the second, coarser curve is measured (what context
 PLAIN_MARGIN = 0.2  # a curve whose single token strays more from a plain run is measured again
 LOOP_MARGIN = 0.25  # ... and a cached one from which the loop's forwards strayed more
 LOOP_FORWARDS = 32  # ... over at least this many forwards
+QUICK_SECONDS = 3.0  # what the coarse curve a model starts on may take to measure
+
+# Held around each untimed stretch of a measurement (a forward and its clock): the engine's
+# measurement between requests waits there for its turn.
+Turn = Callable[[], ContextManager]
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,9 @@ class CostCurve:
     # every row reads the whole cache); empty: not measured, the curve holds at any context.
     per_context: tuple[float, ...] = ()
     measured_at: str = ""  # local time, as the machine's clock had it
+    # Measured in seconds at start-up (a few sizes, no context term, exactness only if known):
+    # the engine plans on it while it measures the whole curve between requests.
+    coarse: bool = False
 
     def cost(self, n: int) -> float:
         return self.seconds[min(n, len(self.seconds)) - 1]
@@ -95,8 +105,13 @@ class LiveCurve:
     def __init__(self, base: CostCurve, shrink: float = 4.0, memory: int = 50, step: float = 0.3):
         # shrink: forwards worth half a correction; memory: the running mean's window in
         # forwards; step: the furthest one forward moves the mean, in log
-        self.base = base
         self.shrink, self.memory, self.step = shrink, memory, step
+        self.rebase(base)
+
+    def rebase(self, base: CostCurve) -> None:
+        """Correct `base` from here on, starting afresh (the whole curve measured in place of
+        the coarse one a model started on)."""
+        self.base = base
         self.log_ratio = np.zeros(len(base.seconds))
         self.count = np.zeros(len(base.seconds))
         self._factors: np.ndarray | None = np.ones(len(base.seconds))
@@ -185,7 +200,7 @@ def batch_sizes(max_batch: int) -> list[int]:
 
 
 def measure(ctx: Context, max_batch: int = MAX_BATCH, n_context: int = 256, repeats: int = 7,
-            progress: Progress | None = None) -> CostCurve:
+            progress: Progress | None = None, turn: Turn = contextlib.nullcontext) -> CostCurve:
     """Time batches of 1..max_batch tokens (all rows output, as in verification) after a
     context of n_context tokens, each until it has finished (not when llama_decode returns:
     GPU and RPC backends return early). A size is timed in a run of its own, as the loop meets
@@ -204,16 +219,17 @@ def measure(ctx: Context, max_batch: int = MAX_BATCH, n_context: int = 256, repe
     for attempt in range(2):
         ctx.clear()
         filler = filler_tokens(ctx, n_context + max_batch)
-        ctx.extend(filler[:n_context])
+        with turn():
+            ctx.extend(filler[:n_context])
         sizes = batch_sizes(max_batch)
         times: dict[int, list[float]] = {n: [] for n in sizes}
         per_run = max(2, (repeats + 1) // 2) + 1  # the first of a run builds its graph: dropped
         for sweep, order in enumerate((sizes, sizes[::-1])):
             for i, n in enumerate(order):
                 progress("measuring the cost curve", sweep * max_batch + i, steps)
-                times[n] += [time_batch(ctx, filler, n_context, n) for _ in range(per_run)][1:]
+                times[n] += [time_batch(ctx, filler, n_context, n, turn) for _ in range(per_run)][1:]
         measured = non_decreasing([statistics.median(times[n]) for n in sizes])
-        plain = plain_step_seconds(ctx, filler, n_context, max(2, min(16, max_batch)))
+        plain = plain_step_seconds(ctx, filler, n_context, max(2, min(16, max_batch)), turn)
         ctx.clear()
         stray = abs(math.log(plain / measured[0]))
         if best is None or stray < best[0]:
@@ -225,35 +241,69 @@ def measure(ctx: Context, max_batch: int = MAX_BATCH, n_context: int = 256, repe
     measured = best[1]
     seconds = [float(x) for x in np.interp(range(1, max_batch + 1), sizes, measured)]
     progress("measuring the cost curve", steps - 2, steps)
-    per_context = measure_per_context(ctx, max_batch, n_context, repeats)
+    per_context = measure_per_context(ctx, max_batch, n_context, repeats, turn)
     progress("measuring the cost curve", steps - 1, steps)
-    discrepancy = measure_discrepancy(ctx, max_batch)
+    discrepancy = exactness(ctx, turn)
     progress("measuring the cost curve", steps, steps)
     return CostCurve(seconds, n_context, *discrepancy, per_context,
                      measured_at=time.strftime("%Y-%m-%d %H:%M:%S"))
 
 
-def plain_step_seconds(ctx: Context, filler: list[int], n_past: int, n: int = 16) -> float:
+def quick_measure(ctx: Context, max_batch: int = MAX_BATCH, n_context: int = 256,
+                  budget: float = QUICK_SECONDS) -> CostCurve:
+    """A coarse curve in about `budget` seconds, for a model's first start: a plain run prices
+    a single token, then batches of 2, 4, 8, ... (then 3, 6, 12, ...) are timed twice each, the
+    faster kept (the first of a shape may build its graph), while the budget lasts; between
+    sizes the curve is interpolated, beyond the largest extended along its last slope. No
+    context term; exactness only if this build's is already known."""
+    n_context = max(0, min(n_context, ctx.n_ctx - max_batch))
+    start = time.perf_counter()
+    ctx.clear()
+    filler = filler_tokens(ctx, n_context + max_batch)
+    ctx.extend(filler[:n_context])
+    times = {1: plain_step_seconds(ctx, filler, n_context, min(8, max_batch))}
+    doubling = [n for n in (2, 4, 8, 16, 32, 64, 128) if n < max_batch] + [max_batch]
+    between = [n for n in (3, 6, 12, 24, 48, 96) if n < max_batch]
+    for n in dict.fromkeys(doubling + between):
+        if time.perf_counter() - start > budget and len(times) >= 2:
+            break
+        times[n] = min(time_batch(ctx, filler, n_context, n) for _ in range(2))
+    ctx.clear()
+    sizes = sorted(times)
+    seconds = np.interp(range(1, max_batch + 1), sizes, [times[n] for n in sizes])
+    if sizes[-1] < max_batch:  # along the last measured slope
+        slope = (times[sizes[-1]] - times[sizes[-2]]) / (sizes[-1] - sizes[-2])
+        seconds[sizes[-1]:] = times[sizes[-1]] + slope * np.arange(1, max_batch - sizes[-1] + 1)
+    known = _read_exactness(ctx)
+    return CostCurve(non_decreasing(seconds), n_context, *(known or (0.0, 1)),
+                     measured_at=time.strftime("%Y-%m-%d %H:%M:%S"), coarse=True)
+
+
+def plain_step_seconds(ctx: Context, filler: list[int], n_past: int, n: int = 16,
+                       turn: Turn = contextlib.nullcontext) -> float:
     """The median seconds of n single tokens decoded one after another after n_past (plain
     decoding), the context holding n_past again after."""
     times = []
-    for t in filler[n_past:n_past + n]:
-        t0 = time.perf_counter()
-        ctx.append(t)
-        ctx.synchronize()
-        times.append(time.perf_counter() - t0)
-    ctx.truncate(n_past)
+    with turn():
+        for t in filler[n_past:n_past + n]:
+            t0 = time.perf_counter()
+            ctx.append(t)
+            ctx.synchronize()
+            times.append(time.perf_counter() - t0)
+        ctx.truncate(n_past)
     return statistics.median(times[1:])
 
 
-def time_batch(ctx: Context, filler: list[int], n_past: int, n: int) -> float:
+def time_batch(ctx: Context, filler: list[int], n_past: int, n: int,
+               turn: Turn = contextlib.nullcontext) -> float:
     """Seconds for one forward of n tokens after the first n_past of `filler` (which the
     context holds, and holds again after), all rows output, until the backend has finished."""
-    t0 = time.perf_counter()
-    ctx.extend(filler[n_past:n_past + n], n_outputs=n)
-    ctx.synchronize()
-    dt = time.perf_counter() - t0
-    ctx.truncate(n_past)
+    with turn():
+        t0 = time.perf_counter()
+        ctx.extend(filler[n_past:n_past + n], n_outputs=n)
+        ctx.synchronize()
+        dt = time.perf_counter() - t0
+        ctx.truncate(n_past)
     return dt
 
 
@@ -263,8 +313,8 @@ def non_decreasing(seconds) -> list[float]:
     return np.minimum.accumulate(np.asarray(seconds, dtype=float)[::-1])[::-1].tolist()
 
 
-def measure_per_context(ctx: Context, max_batch: int, n_context: int,
-                        repeats: int) -> tuple[float, ...]:
+def measure_per_context(ctx: Context, max_batch: int, n_context: int, repeats: int,
+                        turn: Turn = contextlib.nullcontext) -> tuple[float, ...]:
     """What a token of context adds to a batch of n: batches of 1, 2, 4, ... timed after
     n_context tokens, then after LONG_CONTEXT (or as many as the context holds), then after
     n_context again, interpolated between sizes. This machine's speed drifts by 10% from one
@@ -282,8 +332,10 @@ def measure_per_context(ctx: Context, max_batch: int, n_context: int,
     def phase(n_past: int) -> list[float]:
         """Median seconds per size after n_past tokens, sizes interleaved within each round."""
         ctx.truncate(min(n_past, len(ctx.tokens)))
-        ctx.extend(filler[len(ctx.tokens):n_past])
-        times = [[time_batch(ctx, filler, n_past, n) for n in sizes] for _ in range(rounds)]
+        while len(ctx.tokens) < n_past:  # a long prompt's worth, a turn per 256 tokens
+            with turn():
+                ctx.extend(filler[len(ctx.tokens):min(n_past, len(ctx.tokens) + 256)])
+        times = [[time_batch(ctx, filler, n_past, n, turn) for n in sizes] for _ in range(rounds)]
         return [statistics.median(t) for t in zip(*times)]
 
     ctx.clear()
@@ -299,7 +351,8 @@ def long_context(ctx: Context, max_batch: int, n_context: int = 256) -> int:
     return n_long if n_long >= n_context + 512 else 0
 
 
-def measure_discrepancy(ctx: Context, max_batch: int = 12, contexts=(64, 320)) -> tuple[float, int]:
+def measure_discrepancy(ctx: Context, max_batch: int = 12, contexts=(64, 320),
+                        turn: Turn = contextlib.nullcontext) -> tuple[float, int]:
     """Decode the same positions one token at a time and as batches of the measured sizes up
     to max_batch, after a short and a longer context; return the largest logit difference seen
     and the largest n for which batches of 2..n were exact. llama.cpp's batched kernels need
@@ -310,27 +363,30 @@ def measure_discrepancy(ctx: Context, max_batch: int = 12, contexts=(64, 320)) -
     sizes = [n for n in batch_sizes(max_batch) if n >= 2]
     # A small context (--ctx 256) holds less than the longer one: as much as it holds.
     contexts = sorted({max(0, min(n, ctx.n_ctx - max_batch)) for n in contexts})
-    worst_by_size = [max(d) for d in zip(*(batch_discrepancy(ctx, n, sizes) for n in contexts))]
+    worst_by_size = [max(d) for d in zip(*(batch_discrepancy(ctx, n, sizes, turn) for n in contexts))]
     exact = next((n - 1 for n, w in zip(sizes, worst_by_size) if w > 0), max_batch)
     return max(worst_by_size), min(exact, 16)
 
 
-def batch_discrepancy(ctx: Context, n_context: int, sizes: list[int]) -> list[float]:
+def batch_discrepancy(ctx: Context, n_context: int, sizes: list[int],
+                      turn: Turn = contextlib.nullcontext) -> list[float]:
     """After n_context filler tokens: the largest logit difference between a batch of n and
     single-token decoding of the same positions, for each n of `sizes`."""
     ctx.clear()
     tokens = filler_tokens(ctx, n_context + max(sizes))
-    ctx.extend(tokens[:n_context])
     single = []
-    for t in tokens[n_context:]:
-        ctx.append(t)
-        single.append(ctx.logits(0).copy())
-    ctx.truncate(n_context)
+    with turn():
+        ctx.extend(tokens[:n_context])
+        for t in tokens[n_context:]:
+            ctx.append(t)
+            single.append(ctx.logits(0).copy())
+        ctx.truncate(n_context)
     worst = []
     for n in sizes:
-        ctx.extend(tokens[n_context:n_context + n], n_outputs=n)
-        worst.append(max(float(abs(ctx.logits(i) - single[i]).max()) for i in range(n)))
-        ctx.truncate(n_context)
+        with turn():
+            ctx.extend(tokens[n_context:n_context + n], n_outputs=n)
+            worst.append(max(float(abs(ctx.logits(i) - single[i]).max()) for i in range(n)))
+            ctx.truncate(n_context)
     ctx.clear()
     return worst
 
@@ -349,19 +405,22 @@ def cache_path(ctx: Context) -> Path:
 
 
 def cost_curve(ctx: Context, max_batch: int = MAX_BATCH, refresh: bool = False, repeats: int = 7,
-               progress: Progress | None = None) -> CostCurve:
+               progress: Progress | None = None, quick: bool = False) -> CostCurve:
     """The cached curve for this model, build and settings; measured on first use, and once
     more when the loop's forwards strayed from it (record_loop): a curve taken in a busy
     moment is replaced, while a machine whose loop and measurement differ for good (a tiny
     model's forwards vary by a quarter from one run to the next) does not measure at every
-    start."""
+    start. `quick`: where no whole curve is cached, a coarse one (quick_measure) does."""
     path = cache_path(ctx)
     again = False
     if path.exists() and not refresh:
         curve = read_curve(path)
+        if curve.coarse:
+            if quick:
+                return curve
         # A curve measured in a small context (--ctx 256) lacks what context adds: a larger
         # context measures it again, once.
-        if len(curve.seconds) >= max_batch and (curve.per_context or not long_context(ctx, max_batch)):
+        elif len(curve.seconds) >= max_batch and (curve.per_context or not long_context(ctx, max_batch)):
             loop = read_loop(path)
             if not strayed(loop) or loop.get("measured_again"):
                 return curve
@@ -369,10 +428,25 @@ def cost_curve(ctx: Context, max_batch: int = MAX_BATCH, refresh: bool = False, 
             if progress:
                 progress(f"the loop's forwards took {loop['ratio']:.2f}x what the cached cost curve "
                          "says: measuring it again", 0, 1)
-    curve = measure(ctx, max_batch, repeats=repeats, progress=progress)
+    if quick:
+        curve = quick_measure(ctx, max_batch)
+    else:
+        curve = measure(ctx, max_batch, repeats=repeats, progress=progress)
+    keep(ctx, curve, again)
+    return curve
+
+
+def keep(ctx: Context, curve: CostCurve, again: bool = False) -> None:
+    """Cache `curve` as ctx's. `again`: it was measured because the one before strayed (a
+    whole curve that replaces a coarse one inherits that)."""
+    path = cache_path(ctx)
+    try:
+        old = json.loads(path.read_text())
+        again = again or bool(old.get("coarse") and old.get("measured_again"))
+    except (OSError, ValueError, AttributeError):
+        pass
     _write_json(path, asdict(curve) | {"model": str(ctx.model.path), "llama_cpp": ll.__version__,
                                        "measured_again": again})
-    return curve
 
 
 def read_loop(path: Path) -> dict | None:
@@ -424,7 +498,7 @@ def read_curve(path: Path) -> CostCurve:
         return CostCurve([float(x) for x in data["seconds"]], int(data["n_context"]),
                          float(data.get("discrepancy", 0.0)), int(data.get("exact_batch", 1)),
                          tuple(float(x) for x in data.get("per_context", ())),
-                         str(data.get("measured_at", "")))
+                         str(data.get("measured_at", "")), bool(data.get("coarse", False)))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise LocalspecError(f"{path}: not a cost curve ({e})") from None
 
@@ -445,14 +519,29 @@ def planning_curve(path: Path, ctx: Context) -> CostCurve:
     """The curve in `path` to plan with, and this machine's own exactness (how far its batched
     forwards reproduce single tokens: a property of this build, not of that machine's
     timing), measured once and cached."""
-    curve = read_curve(path)
-    exact = cache_dir() / "cost" / f"exact-{cache_key(ctx)}.json"
-    if exact.exists():
-        discrepancy, exact_batch = json.loads(exact.read_text())
-    else:
-        discrepancy, exact_batch = measure_discrepancy(ctx)
-        _write_json(exact, [discrepancy, exact_batch])
-    return replace(curve, discrepancy=discrepancy, exact_batch=exact_batch)
+    discrepancy, exact_batch = exactness(ctx)
+    return replace(read_curve(path), discrepancy=discrepancy, exact_batch=exact_batch)
+
+
+def exactness(ctx: Context, turn: Turn = contextlib.nullcontext) -> tuple[float, int]:
+    """measure_discrepancy's answer for this build and settings, measured once and cached."""
+    known = _read_exactness(ctx)
+    if known is None:
+        known = measure_discrepancy(ctx, turn=turn)
+        _write_json(_exactness_path(ctx), list(known))
+    return known
+
+
+def _exactness_path(ctx: Context) -> Path:
+    return cache_dir() / "cost" / f"exact-{cache_key(ctx)}.json"
+
+
+def _read_exactness(ctx: Context) -> tuple[float, int] | None:
+    try:
+        discrepancy, exact_batch = json.loads(_exactness_path(ctx).read_text())
+        return float(discrepancy), int(exact_batch)
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def _write_json(path: Path, data) -> None:
