@@ -167,9 +167,13 @@ def cmd_serve(a: argparse.Namespace) -> None:
 
 
 def cmd_pull(a: argparse.Namespace) -> None:
-    from localspec import store
-    path = (store.add_local(a.name, a.as_name) if store.looks_like_path(a.name)
-            else store.pull(a.name, force=a.force))
+    from localspec import hub, store
+    if hub.is_hub_name(a.name):
+        path = hub.pull(a.name, force=a.force)
+    elif store.looks_like_path(a.name):
+        path = store.add_local(a.name, a.as_name)
+    else:
+        path = store.pull(a.name, force=a.force)
     print(f"{path}")
 
 
@@ -456,8 +460,10 @@ def parser() -> argparse.ArgumentParser:
                     help=DRAFTER_HELP + " (default: auto)")
     sv.set_defaults(func=cmd_serve)
 
-    pl = sub.add_parser("pull", help="download a model into the store (or import a local .gguf)")
-    pl.add_argument("name", help="registry name, or path to a .gguf to import")
+    pl = sub.add_parser("pull", help="download a model into the store, or from the Hugging Face Hub into its "
+                        "cache (or import a local .gguf)")
+    pl.add_argument("name", help="registry name; hf:OWNER/REPO[:QUANT] or hf:OWNER/REPO/FILE.gguf (as "
+                    "llama-server -hf; HF_TOKEN, HF_ENDPOINT, HF_HUB_OFFLINE honoured); or a .gguf to import")
     pl.add_argument("--name", dest="as_name", help="store name for an imported .gguf")
     pl.add_argument("--force", action="store_true", help="download again even if present")
     pl.set_defaults(func=cmd_pull)

@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterator
 
-from localspec import found
+from localspec import found, hub
 from localspec.llama.model import check_gguf
 from localspec.errors import LocalspecError
 from localspec.paths import data_dir
@@ -129,6 +129,13 @@ def resolve(spec: str, pull_missing: bool = True, progress: Progress | None = No
     """A registry name, a GGUF path or a model found in another tool's folder (SOURCE:WHAT,
     localspec/found.py) -> the GGUF file to load, pulling it if need be (with `progress`
     hearing how far the download got; None: a bar on stderr)."""
+    if hub.is_hub_name(spec):
+        path = found.find(spec) or hub.cached(spec)
+        if path is None and not pull_missing:
+            raise LocalspecError(f"model '{spec}' is not pulled: run `localspec pull {spec}`")
+        path = path or hub.pull(spec)
+        check_gguf(path)
+        return path
     if found.is_found_name(spec):
         path = found.find(spec)
         if path is None:

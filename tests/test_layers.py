@@ -9,7 +9,7 @@ ROOT = Path(__file__).parents[1]
 LAYERS = [  # bottom first
     ("localspec.errors", "localspec.paths", "localspec._native", "localspec.progress",
      "localspec.datasets"),
-    ("localspec.llama", "localspec.sampling", "localspec.store", "localspec.found"),
+    ("localspec.llama", "localspec.sampling", "localspec.store", "localspec.found", "localspec.hub"),
     ("localspec.verify",),
     ("localspec.drafters",),
     ("localspec.control",),
