@@ -367,8 +367,7 @@ class Engine:
 
     def available(self) -> list[DrafterSpec]:
         """What auto chooses among: the suffix drafter (prompt lookup plus the store; lookup
-        alone when the store is off); the default draft model when it is pulled,
-        is not the target and shares its tokenizer; the Jakiro drafter that ships for the
+        alone when the store is off); a draft model (_draft_model); the Jakiro drafter that ships for the
         target, if one does (and the context returns hidden states)."""
         found = [DrafterSpec("lookup")]
         if self.cfg.store != "off" and not self._store_error:
@@ -378,18 +377,43 @@ class Engine:
             except (LocalspecError, OSError) as e:
                 self._store_error = str(e)
                 print(f"localspec: drafting without the suffix store: {e}", file=sys.stderr)
-        try:
-            path = store.resolve(DEFAULT_DRAFT_MODEL, pull_missing=False)
-            if path != self.model.path:
-                with Model(path, vocab_only=True) as vocab:  # seconds less than loading it
-                    check_same_vocabulary(self.model, vocab)
-                self.drafter(DrafterSpec("draft"))
-                found.append(DrafterSpec("draft"))
-        except LocalspecError:
-            pass
+        draft = self._draft_model()
+        if draft is not None:
+            try:
+                self.drafter(draft)
+                found.append(draft)
+            except LocalspecError:
+                pass
         if store.shipped_drafter(self.model.path) is not None and self.ctx.config.embeddings:
             found.append(DrafterSpec("jakiro"))
         return found
+
+    def _draft_model(self) -> DrafterSpec | None:
+        """auto's draft model: the registry's default when it is pulled, else the smallest model
+        this machine has (the store, other tools' folders) at most half the target's size
+        that shares its tokenizer, said once."""
+        try:
+            default = store.resolve(DEFAULT_DRAFT_MODEL, pull_missing=False)
+        except LocalspecError:
+            default = None
+        models = store.on_this_machine()
+        small = sorted((p for p in models if p.stat().st_size <= self.model.path.stat().st_size / 2),
+                       key=lambda p: p.stat().st_size)
+        for path in [default] * (default is not None) + small:
+            if path.resolve() == self.model.path.resolve():
+                continue
+            try:
+                store.check_gguf(path)
+                with Model(path, vocab_only=True) as vocab:  # seconds less than loading it
+                    check_same_vocabulary(self.model, vocab)
+            except LocalspecError:
+                continue
+            if path == default:
+                return DrafterSpec("draft")
+            print(f"localspec: auto drafts with {models[path]} ({path}), which shares the target's tokenizer",
+                  file=sys.stderr)
+            return DrafterSpec("draft", model=str(path))
+        return None
 
     # --- requests ----------------------------------------------------------------------------
 

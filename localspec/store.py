@@ -288,6 +288,15 @@ def listing() -> list[tuple[str, int, int | None, str]]:
     return rows
 
 
+def on_this_machine() -> dict[Path, str]:
+    """Every model file this machine has, by path: the store's, then what other tools keep
+    (found.py), each with the name -m takes."""
+    models = {stored_path(name): name for name, _, on_disk, _ in listing() if on_disk}
+    for f in found.found():
+        models.setdefault(f.path, f.name)
+    return models
+
+
 def disk_usage() -> int:
     d = store_dir()
     return sum(p.stat().st_size for p in d.glob("*.gguf")) if d.exists() else 0

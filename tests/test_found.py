@@ -71,3 +71,25 @@ def test_models_lists_them_and_generate_runs_one(tools_home, tmp_path):
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
     assert_one_line_error(localspec("generate", "-m", "lmstudio:nobody/none/x.gguf", "hi", home=tmp_path / "ls"),
                           "not found", "localspec models")
+
+
+def test_auto_drafts_with_a_smaller_model_found_that_shares_the_tokenizer(tools_home, small_path, capsys):
+    """No registry draft model here: auto looks among the models this machine has for one at
+    most half the target's size with the target's tokenizer, and says which it took."""
+    import gguf
+    from gguf_files import rewrite
+
+    from localspec.drafters.spec import DrafterSpec
+    from localspec.engine import Engine, EngineConfig
+
+    home, _ = tools_home
+    tiny = home / ".lmstudio/models/acme/SmolLM2-2-layers-GGUF/smollm2-2-layers.gguf"
+    tiny.parent.mkdir(parents=True)
+    rewrite(small_path, tiny, {"llama.block_count": (2, gguf.GGUFValueType.UINT32)},
+            keep_tensor=lambda name: not name.startswith("blk.") or int(name.split(".")[1]) < 2)
+    engine = Engine(EngineConfig(model=str(small_path), n_ctx=512, threads=2, store="off", flat_cost=True))
+    try:
+        assert DrafterSpec("draft", model=str(tiny)) in engine.available()
+    finally:
+        engine.close()
+    assert "auto drafts with lmstudio:acme/SmolLM2-2-layers-GGUF/smollm2-2-layers.gguf" in capsys.readouterr().err
