@@ -351,7 +351,8 @@ def cmd_bench(a: argparse.Namespace) -> None:
     from localspec.bench import anchors as anchor_mod
     from localspec.bench import report, workloads
     from localspec.bench.runner import run_bench, warm_documents
-    from localspec.engine import DEFAULT_DRAFT_MODEL, Engine
+    from localspec.drafters.loaded import DEFAULT_DRAFT_MODEL
+    from localspec.engine import Engine
     from localspec.progress import StderrProgress, progress_bar
 
     specs = a.drafter or [DrafterSpec("auto")]

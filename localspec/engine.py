@@ -8,36 +8,29 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import sys
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from localspec import store
 from localspec.control.controllers import CascadeController, Fixed, Plain
-from localspec.drafters.acceptance_head import AcceptanceHead
-from localspec.drafters.base import Budget, Drafter
-from localspec.drafters.draft_model import DraftModelDrafter, check_same_vocabulary, draft_context
-from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime
-from localspec.drafters.lookup import LookupDrafter
+from localspec.drafters.base import Budget
+from localspec.drafters.loaded import Drafters
 from localspec.drafters.spec import AUTO, DrafterSpec
-from localspec.drafters.suffix import SuffixDrafter, SuffixStore, store_dir
 from localspec.errors import LocalspecError
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig, common_prefix, default_threads
-from localspec.llama.cost import (LONG_CONTEXT, MAX_BATCH, CostCurve, LiveCurve, cache_path, cost_curve, exactness,
-                                  keep, measure, planning_curve, record_loop)
+from localspec.llama.cost import CostCurve, LiveCurve
 from localspec.llama.model import LogHandler, set_log_handler
 from localspec.llama.placement import ALL_LAYERS, layers_that_fit, where
+from localspec.llama.planning import Planning
 from localspec.llama.text import StreamDecoder, chat_tokens
 from localspec.loop import Controller, Iteration, RunOptions, Stats, run
 from localspec.progress import Progress
 from localspec.sampling import SamplingConfig
 
-DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b-instruct"
-REFINE_IDLE = 1.0  # seconds without a request before the whole curve's measurement goes on
 
 
 @dataclass(frozen=True)
@@ -143,20 +136,13 @@ class Engine:
         self.slots = [Context(self.model, config) for _ in range(max(1, cfg.slots))]
         self.ctx = self.slots[0]  # the slot the last request ran in
         self._used = [0.0] * len(self.slots)
-        self._curve: CostCurve | LiveCurve | None = None
-        self._drafters: dict[DrafterSpec, Drafter] = {}
-        self._controllers: dict[DrafterSpec, Controller] = {}
-        # What drafters share, loaded once: draft model contexts, Jakiro runtimes, heads.
-        self._draft_ctxs: dict[Path, Context] = {}
-        self._runtimes: dict[tuple, JakiroRuntime] = {}
-        self._head_cache: dict[tuple, AcceptanceHead] = {}
-        self._stores: dict[str, SuffixStore] = {}
-        self._store_error = ""
         self._lock = threading.Lock()
         self._owner: int | None = None
         self._idle_since = time.monotonic()
-        self._closing = threading.Event()
-        self._refiner: threading.Thread | None = None
+        self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, self._load, self.loads)
+        self.planning = Planning(lambda: self.ctx, self._lock, lambda: time.monotonic() - self._idle_since,
+                                 self.progress, cfg.curve, cfg.flat_cost, cfg.whole_curve, cfg.refine_curve)
+        self._controllers: dict[DrafterSpec, Controller] = {}
         if cfg.strict:
             exact_batch = self.exactness[1]
             if exact_batch >= 2:  # prompts too in batches that reproduce single tokens
@@ -167,73 +153,11 @@ class Engine:
 
     @property
     def curve(self) -> CostCurve | LiveCurve:
-        """The cost curve, measured once per model and machine, then corrected by what this
-        engine's forwards cost (flat_cost: a curve held flat; cfg.curve: the one in that file)."""
-        if self._curve is None and self.cfg.curve:
-            self._curve = planning_curve(Path(self.cfg.curve), self.ctx)
-        if self._curve is None:
-            curve = cost_curve(self.ctx, progress=self.progress, quick=not self.cfg.whole_curve)
-            if self.cfg.flat_cost:
-                self._curve = replace(curve, seconds=[curve.seconds[0]] * len(curve.seconds), per_context=())
-            else:
-                self._curve = LiveCurve(curve)
-                if curve.coarse and self.cfg.refine_curve:
-                    self._refiner = threading.Thread(target=self._refine, name="localspec-curve", daemon=True)
-                    self._refiner.start()
-        return self._curve
+        return self.planning.curve
 
     @property
     def exactness(self) -> tuple[float, int]:
-        """How far batched forwards reproduce single tokens here: (the largest logit difference,
-        the largest batch that was exact), as the whole cost curve measures it."""
-        curve = self.curve
-        coarse = getattr(curve, "base", curve).coarse
-        return exactness(self.ctx) if coarse else (curve.discrepancy, curve.exact_batch)
-
-    def _refine(self) -> None:
-        """The whole cost curve, measured in a context of its own between requests, then
-        cached and planned on in place of the coarse one."""
-        try:
-            with self._turn():
-                config = replace(self.ctx.config, n_ctx=min(self.ctx.config.n_ctx, LONG_CONTEXT + MAX_BATCH))
-                ctx = Context(self.model, config)
-            try:
-                curve = measure(ctx, turn=self._turn)
-            finally:
-                with self._turn(closing=True):
-                    ctx.close()
-            keep(self.ctx, curve)
-            with self._lock:
-                self._curve.rebase(curve)
-        except _Closing:
-            pass
-
-    @contextlib.contextmanager
-    def _turn(self, closing: bool = False) -> Iterator[None]:
-        """The engine's lock for the curve's measurement, once no request has run for
-        REFINE_IDLE seconds (at once with `closing`); _Closing when the engine closes first."""
-        while True:
-            if self._closing.is_set() and not closing:
-                raise _Closing
-            wait = 0.0 if closing else self._idle_since + REFINE_IDLE - time.monotonic()
-            if wait > 0:
-                self._closing.wait(wait)
-            elif self._lock.acquire(timeout=0.1):
-                if closing or time.monotonic() - self._idle_since >= REFINE_IDLE:
-                    break
-                self._lock.release()
-        try:
-            yield
-        finally:
-            self._lock.release()
-
-    def _price(self) -> Callable[[int, int], float] | None:
-        """With another machine's curve to plan on (cfg.curve): what a forward of n tokens
-        after n_context costs there, so that Cascade measures utility as it would there."""
-        if not self.cfg.curve:
-            return None
-        curve = self.curve
-        return lambda n, n_context: float(curve.seconds_at(n_context)[min(n, len(curve.seconds)) - 1])
+        return self.planning.exactness
 
     @property
     def where(self) -> str:
@@ -251,96 +175,6 @@ class Engine:
         self.loads[str(path)] += 1
         return model
 
-    def drafter(self, spec: DrafterSpec) -> Drafter:
-        """The drafter a spec names, loaded on first use and kept (its K is the controller's)."""
-        key = spec.without_k()
-        if key not in self._drafters:
-            if spec.kind == "lookup":
-                d: Drafter = LookupDrafter()
-            elif spec.kind == "suffix":
-                d = SuffixDrafter(self.suffix_store(spec.model or self.cfg.store))
-            elif spec.kind in ("draft", "draft-tree"):
-                ctx = self._draft_context(store.resolve(spec.model or DEFAULT_DRAFT_MODEL))
-                d = DraftModelDrafter(ctx, self.model, width=4 if spec.kind == "draft-tree" else 1,
-                                      heads=self._heads(spec.head, ctx.model), head_required=spec.head == "on")
-            elif spec.kind == "jakiro":
-                rt = self._jakiro_runtime(spec)
-                d = JakiroDrafter(rt, spec.width, spec.branch, spec.cepd, self._heads(spec.head, rt),
-                                  head_required=spec.head == "on")
-            else:
-                raise LocalspecError(f"'{spec.label}' is not a drafter")
-            self._drafters[key] = d
-        return self._drafters[key]
-
-    def suffix_store(self, where: str | None = None) -> SuffixStore:
-        """The suffix store at `where` (as EngineConfig.store says), opened on first use."""
-        where = self.cfg.store if where is None else where
-        if where == "off":
-            raise LocalspecError("the suffix store is off for this engine")
-        if where not in self._stores:
-            directory = None if where == ":memory:" else Path(where) if where else store_dir(
-                self.model.tokenizer_hash)
-            self._stores[where] = SuffixStore(directory, self.model.tokenizer_hash)
-        return self._stores[where]
-
-    def _learn(self, tokens: list[int]) -> None:
-        """Every answer goes into the suffix store (the default one unless a drafter named
-        another): what the user's work repeats, later requests draft from. Learning is a
-        bonus: a store that cannot be opened or written is said once and left alone."""
-        if self.cfg.store == "off" or not tokens or self._store_error:
-            return
-        try:
-            for s in list(self._stores.values()) or [self.suffix_store()]:
-                s.add(tokens)
-        except (LocalspecError, OSError) as e:
-            self._store_error = str(e)
-            print(f"localspec: not learning answers: {e}", file=sys.stderr)
-
-    def _draft_context(self, path: Path) -> Context:
-        if path not in self._draft_ctxs:
-            model = self._load(path)
-            try:
-                check_same_vocabulary(self.model, model)
-            except LocalspecError:
-                model.close()
-                raise
-            self._draft_ctxs[path] = draft_context(model, self.cfg.n_ctx, self.cfg.threads)
-        return self._draft_ctxs[path]
-
-    def _jakiro_runtime(self, spec: DrafterSpec) -> JakiroRuntime:
-        path = Path(spec.model) if spec.model else store.shipped_drafter(self.model.path)
-        if path is None:
-            raise LocalspecError(f"no Jakiro drafter ships for {self.model.path.stem}: train one "
-                                 "(localspec train jakiro) and pass --drafter jakiro:FILE")
-        if not self.ctx.config.embeddings:
-            raise LocalspecError("this engine was started without the target's hidden states, "
-                                 "which Jakiro reads: start it with --drafter jakiro")
-        key = ("jakiro", path, spec.full_vocab)
-        if key not in self._runtimes:
-            self._runtimes[key] = JakiroRuntime(path, self.model, self.cfg.n_ctx, self.cfg.threads,
-                                                full_vocab=spec.full_vocab)
-            self.loads[str(path)] += 1
-        return self._runtimes[key]
-
-    def _heads(self, choice: str, draft: Model | JakiroRuntime) -> dict[str, AcceptanceHead | None]:
-        """The acceptance head for greedy and sampled drafting: a FILE for both, none when off,
-        else the one trained for this pair and label, if any."""
-        def head(path: Path | None) -> AcceptanceHead | None:
-            if path is None:
-                return None
-            key = (path, draft.path)
-            if key not in self._head_cache:
-                self._head_cache[key] = AcceptanceHead(path, draft, self.model)
-                self.loads[str(path)] += 1
-            return self._head_cache[key]
-
-        if choice == "off":
-            return {"greedy": None, "sampled": None}
-        if choice not in ("auto", "on"):
-            return dict.fromkeys(("greedy", "sampled"), head(Path(choice)))
-        return {label: head(store.acceptance_head(self.model.path, draft.path, label))
-                for label in ("greedy", "sampled")}
-
     def prepare(self, spec: DrafterSpec | None = None) -> None:
         """Load, build and measure what requests with `spec` (the engine's drafter by default)
         need, now rather than inside the first of them."""
@@ -356,64 +190,14 @@ class Engine:
         if spec.kind == "none":
             return Plain()
         if spec.kind != "auto":
-            drafter = self.drafter(spec)  # a drafter that cannot load says so before any measuring
+            drafter = self.drafters.get(spec)  # a drafter that cannot load says so before any measuring
             budget = Budget(self.curve, self.cfg.n_seq_max, spec.k, static=spec.k is not None)
             return Fixed(drafter, budget, spec.label)
         if spec not in self._controllers:
-            members = spec.members or self.available()
+            members = spec.members or self.drafters.available()
             self._controllers[spec] = CascadeController(
-                {d.label: self.drafter(d) for d in members}, self.curve, self.cfg.n_seq_max)
+                {d.label: self.drafters.get(d) for d in members}, self.curve, self.cfg.n_seq_max)
         return self._controllers[spec]
-
-    def available(self) -> list[DrafterSpec]:
-        """What auto chooses among: the suffix drafter (prompt lookup plus the store; lookup
-        alone when the store is off); a draft model (_draft_model); the Jakiro drafter that ships for the
-        target, if one does (and the context returns hidden states)."""
-        found = [DrafterSpec("lookup")]
-        if self.cfg.store != "off" and not self._store_error:
-            try:
-                self.drafter(DrafterSpec("suffix"))
-                found = [DrafterSpec("suffix")]
-            except (LocalspecError, OSError) as e:
-                self._store_error = str(e)
-                print(f"localspec: drafting without the suffix store: {e}", file=sys.stderr)
-        draft = self._draft_model()
-        if draft is not None:
-            try:
-                self.drafter(draft)
-                found.append(draft)
-            except LocalspecError:
-                pass
-        if store.shipped_drafter(self.model.path) is not None and self.ctx.config.embeddings:
-            found.append(DrafterSpec("jakiro"))
-        return found
-
-    def _draft_model(self) -> DrafterSpec | None:
-        """auto's draft model: the registry's default when it is pulled, else the smallest model
-        this machine has (the store, other tools' folders) at most half the target's size
-        that shares its tokenizer, said once."""
-        try:
-            default = store.resolve(DEFAULT_DRAFT_MODEL, pull_missing=False)
-        except LocalspecError:
-            default = None
-        models = store.on_this_machine()
-        small = sorted((p for p in models if p.stat().st_size <= self.model.path.stat().st_size / 2),
-                       key=lambda p: p.stat().st_size)
-        for path in [default] * (default is not None) + small:
-            if path.resolve() == self.model.path.resolve():
-                continue
-            try:
-                store.check_gguf(path)
-                with Model(path, vocab_only=True) as vocab:  # seconds less than loading it
-                    check_same_vocabulary(self.model, vocab)
-            except LocalspecError:
-                continue
-            if path == default:
-                return DrafterSpec("draft")
-            print(f"localspec: auto drafts with {models[path]} ({path}), which shares the target's tokenizer",
-                  file=sys.stderr)
-            return DrafterSpec("draft", model=str(path))
-        return None
 
     # --- requests ----------------------------------------------------------------------------
 
@@ -497,7 +281,8 @@ class Engine:
         if not request.cache:
             ctx.clear()
         observe = getattr(self.curve, "observe", None) if spec.kind != "none" else None  # plain needs no curve
-        options = RunOptions(not request.ignore_eog, tie_bound, max_batch, self._reading, observe, self._price())
+        options = RunOptions(not request.ignore_eog, tie_bound, max_batch, self._reading, observe,
+                             self.planning.price())
         steps = run(ctx, controller, tokens, request.sampling, request.max_tokens, stats, options)
         try:
             while reason is None:
@@ -526,29 +311,16 @@ class Engine:
             rest = text.take(final=True)
             if rest:
                 yield Delta(rest, 0, 0, controller.arm)
-        self._learn([t for t in generated if not self.model.is_eog(t)])
-        if isinstance(self._curve, LiveCurve):  # how far the loop strays from it, kept beside it
-            record_loop(cache_path(self.ctx), self._curve)
+        self.drafters.learn([t for t in generated if not self.model.is_eog(t)])
+        self.planning.after_request()
         yield Done(reason, text.text, generated, stats, text.matched)
 
     def close(self) -> None:
-        self._closing.set()
-        if self._refiner is not None:
-            self._refiner.join()
-        for d in self._drafters.values():
-            d.close()
-        for s in self._stores.values():
-            s.close()
-        for ctx in self._draft_ctxs.values():
-            ctx.close()
-            ctx.model.close()
+        self.planning.close()
+        self.drafters.close()
         for ctx in self.slots:
             ctx.close()
         self.model.close()
-
-
-class _Closing(Exception):
-    """The engine closed while its curve was being measured."""
 
 
 class TextStream:

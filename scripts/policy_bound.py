@@ -139,7 +139,7 @@ def main() -> None:
     prompts, warm = workloads.load_warm(workload, limit)
     engine = Engine(replace(EngineConfig(model="qwen2.5-coder-1.5b-instruct", threads=2, drafter=NONE),
                             store=":memory:"))
-    store = engine.suffix_store(":memory:")
+    store = engine.drafters.suffix_store(":memory:")
     for doc in runner.warm_documents(engine, warm, max_tokens, paths.cache_dir() / "bench" / "answers.json"):
         store.add(doc)
     answers = []

@@ -24,7 +24,7 @@ def main() -> None:
     a = p.parse_args()
     engine = Engine(EngineConfig(model=a.model, threads=2, store=":memory:"))
     spec = DrafterSpec("suffix")
-    drafter = engine.drafter(spec)
+    drafter = engine.drafters.get(spec)
     groups: dict[tuple, list[float]] = collections.defaultdict(lambda: [0, 0, 0, 0.0])
 
     def hook(it) -> None:

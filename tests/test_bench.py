@@ -43,7 +43,7 @@ def test_sessions_run_turn_by_turn_on_a_store_rolled_back_for_each_configuration
         assert all(0 < r.ceiling[1] <= r.ceiling[0] * (1 + 1e-9) for r in configs[0].runs)
         assert all(r.ceiling is None for c in configs[1:] for r in c.runs)
         # The store ends as a user's would: the warm-up, then plain's answer to each turn once.
-        assert engine.suffix_store(":memory:").native.n_docs == 1 + 2
+        assert engine.drafters.suffix_store(":memory:").native.n_docs == 1 + 2
     finally:
         engine.close()
 

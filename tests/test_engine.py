@@ -394,7 +394,7 @@ def test_a_new_model_starts_on_a_quick_curve_and_measures_the_whole_one_between_
         engine.close()
     engine = Engine(config)
     try:
-        assert not engine.curve.base.coarse and engine._refiner is None  # the cached whole curve
+        assert not engine.curve.base.coarse and engine.planning._refiner is None  # the cached whole curve
     finally:
         engine.close()
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "again"))
@@ -402,4 +402,4 @@ def test_a_new_model_starts_on_a_quick_curve_and_measures_the_whole_one_between_
     engine.curve
     time.sleep(3)  # measuring
     engine.close()  # closes mid-measurement: the measuring thread ends with it
-    assert not engine._refiner.is_alive()
+    assert not engine.planning._refiner.is_alive()

@@ -89,7 +89,7 @@ def test_auto_drafts_with_a_smaller_model_found_that_shares_the_tokenizer(tools_
             keep_tensor=lambda name: not name.startswith("blk.") or int(name.split(".")[1]) < 2)
     engine = Engine(EngineConfig(model=str(small_path), n_ctx=512, threads=2, store="off", flat_cost=True))
     try:
-        assert DrafterSpec("draft", model=str(tiny)) in engine.available()
+        assert DrafterSpec("draft", model=str(tiny)) in engine.drafters.available()
     finally:
         engine.close()
     assert "auto drafts with lmstudio:acme/SmolLM2-2-layers-GGUF/smollm2-2-layers.gguf" in capsys.readouterr().err

@@ -43,7 +43,7 @@ for drafter in ("none", "lookup", "jakiro@2"):
         done = [e for e in engine.generate(Request(prompt=p, max_tokens=48, drafter=DrafterSpec.parse(drafter)))
                 if isinstance(e, Done)][0]
         out[drafter + " " + p] = done.tokens
-out["jakiro devices"] = [rt.native.device for rt in engine._runtimes.values()]
+out["jakiro devices"] = [rt.native.device for rt in engine.drafters.runtimes]
 print(json.dumps(out))
 """ % (PROMPTS,)
 

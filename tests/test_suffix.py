@@ -184,12 +184,12 @@ def test_engine_learns_every_answer_and_drafts_from_it_losslessly(small_path, tm
         run = lambda d: [e for e in engine.generate(Request(messages=messages, max_tokens=48,  # noqa: E731
                                                              drafter=DrafterSpec.parse(d)))][-1]
         plain = run("none")
-        assert engine.suffix_store().native.n_docs == 1  # learnt though no drafter ran
+        assert engine.drafters.suffix_store().native.n_docs == 1  # learnt though no drafter ran
         again = run("suffix")
         assert again.tokens == plain.tokens
         assert again.stats.draft_n_accepted >= len(plain.tokens) // 2
-        assert engine.suffix_store().native.n_docs == 2
-        assert DrafterSpec("suffix") in engine.available()
+        assert engine.drafters.suffix_store().native.n_docs == 2
+        assert DrafterSpec("suffix") in engine.drafters.available()
     finally:
         engine.close()
     assert SuffixStore(tmp_path, engine.model.tokenizer_hash).native.n_docs == 2  # on disk
@@ -232,7 +232,7 @@ def test_a_broken_default_store_is_said_once_and_left_intact(small_path, tmp_pat
         for _ in range(2):
             *_, done = engine.generate(Request(prompt="The sky is", max_tokens=8))
             assert done.reason == "length"
-        assert engine.available()[0] == DrafterSpec("lookup")
+        assert engine.drafters.available()[0] == DrafterSpec("lookup")
         err = capsys.readouterr().err
         assert err.count("not a localspec suffix store") == 1
         assert (broken / "answers.log").read_bytes() == b"something else entirely"

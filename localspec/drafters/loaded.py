@@ -1,0 +1,194 @@
+"""The drafters an engine has made, and what they share, each loaded once: draft models and
+their contexts, Jakiro runtimes, acceptance heads, suffix stores. Building, loading and
+pulling happen here, when the engine prepares a drafter (Engine.prepare), not in the loop."""
+
+from __future__ import annotations
+
+import collections
+import sys
+from pathlib import Path
+from typing import Callable
+
+from localspec import store
+from localspec.drafters.acceptance_head import AcceptanceHead
+from localspec.drafters.base import Drafter
+from localspec.drafters.draft_model import DraftModelDrafter, check_same_vocabulary, draft_context
+from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime
+from localspec.drafters.lookup import LookupDrafter
+from localspec.drafters.spec import DrafterSpec
+from localspec.drafters.suffix import SuffixDrafter, SuffixStore, store_dir
+from localspec.errors import LocalspecError
+from localspec.llama import Context, Model
+
+DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b-instruct"
+
+
+class Drafters:
+    def __init__(self, target: Model, features: bool, n_ctx: int, threads: int, store_setting: str,
+                 load: Callable[[Path], Model], loads: collections.Counter[str]):
+        """`features`: the target's context returns hidden states (Jakiro reads them);
+        `store_setting`: EngineConfig.store; `load` loads a draft model as the engine loads
+        models, and `loads` counts every file loaded."""
+        self.model = target
+        self.features, self.n_ctx, self.threads = features, n_ctx, threads
+        self.store_setting = store_setting
+        self.load, self.loads = load, loads
+        self._drafters: dict[DrafterSpec, Drafter] = {}
+        self._draft_ctxs: dict[Path, Context] = {}
+        self._runtimes: dict[tuple, JakiroRuntime] = {}
+        self._head_cache: dict[tuple, AcceptanceHead] = {}
+        self._stores: dict[str, SuffixStore] = {}
+        self._store_error = ""
+
+    @property
+    def runtimes(self) -> list[JakiroRuntime]:
+        return list(self._runtimes.values())
+
+    def get(self, spec: DrafterSpec) -> Drafter:
+        """The drafter a spec names, loaded on first use and kept (its K is the controller's)."""
+        key = spec.without_k()
+        if key not in self._drafters:
+            if spec.kind == "lookup":
+                d: Drafter = LookupDrafter()
+            elif spec.kind == "suffix":
+                d = SuffixDrafter(self.suffix_store(spec.model or self.store_setting))
+            elif spec.kind in ("draft", "draft-tree"):
+                ctx = self._draft_context(store.resolve(spec.model or DEFAULT_DRAFT_MODEL))
+                d = DraftModelDrafter(ctx, self.model, width=4 if spec.kind == "draft-tree" else 1,
+                                      heads=self._heads(spec.head, ctx.model), head_required=spec.head == "on")
+            elif spec.kind == "jakiro":
+                rt = self._jakiro_runtime(spec)
+                d = JakiroDrafter(rt, spec.width, spec.branch, spec.cepd, self._heads(spec.head, rt),
+                                  head_required=spec.head == "on")
+            else:
+                raise LocalspecError(f"'{spec.label}' is not a drafter")
+            self._drafters[key] = d
+        return self._drafters[key]
+
+    def suffix_store(self, where: str | None = None) -> SuffixStore:
+        """The suffix store at `where` (as EngineConfig.store says; None: the engine's), opened on first use."""
+        where = self.store_setting if where is None else where
+        if where == "off":
+            raise LocalspecError("the suffix store is off for this engine")
+        if where not in self._stores:
+            directory = None if where == ":memory:" else Path(where) if where else store_dir(
+                self.model.tokenizer_hash)
+            self._stores[where] = SuffixStore(directory, self.model.tokenizer_hash)
+        return self._stores[where]
+
+    def learn(self, tokens: list[int]) -> None:
+        """Every answer goes into the suffix store (the default one unless a drafter named
+        another): what the user's work repeats, later requests draft from. Learning is a
+        bonus: a store that cannot be opened or written is said once and left alone."""
+        if self.store_setting == "off" or not tokens or self._store_error:
+            return
+        try:
+            for s in list(self._stores.values()) or [self.suffix_store()]:
+                s.add(tokens)
+        except (LocalspecError, OSError) as e:
+            self._store_error = str(e)
+            print(f"localspec: not learning answers: {e}", file=sys.stderr)
+
+    def _draft_context(self, path: Path) -> Context:
+        if path not in self._draft_ctxs:
+            model = self.load(path)
+            try:
+                check_same_vocabulary(self.model, model)
+            except LocalspecError:
+                model.close()
+                raise
+            self._draft_ctxs[path] = draft_context(model, self.n_ctx, self.threads)
+        return self._draft_ctxs[path]
+
+    def _jakiro_runtime(self, spec: DrafterSpec) -> JakiroRuntime:
+        path = Path(spec.model) if spec.model else store.shipped_drafter(self.model.path)
+        if path is None:
+            raise LocalspecError(f"no Jakiro drafter ships for {self.model.path.stem}: train one "
+                                 "(localspec train jakiro) and pass --drafter jakiro:FILE")
+        if not self.features:
+            raise LocalspecError("this engine was started without the target's hidden states, "
+                                 "which Jakiro reads: start it with --drafter jakiro")
+        key = ("jakiro", path, spec.full_vocab)
+        if key not in self._runtimes:
+            self._runtimes[key] = JakiroRuntime(path, self.model, self.n_ctx, self.threads,
+                                                full_vocab=spec.full_vocab)
+            self.loads[str(path)] += 1
+        return self._runtimes[key]
+
+    def _heads(self, choice: str, draft: Model | JakiroRuntime) -> dict[str, AcceptanceHead | None]:
+        """The acceptance head for greedy and sampled drafting: a FILE for both, none when off,
+        else the one trained for this pair and label, if any."""
+        def head(path: Path | None) -> AcceptanceHead | None:
+            if path is None:
+                return None
+            key = (path, draft.path)
+            if key not in self._head_cache:
+                self._head_cache[key] = AcceptanceHead(path, draft, self.model)
+                self.loads[str(path)] += 1
+            return self._head_cache[key]
+
+        if choice == "off":
+            return {"greedy": None, "sampled": None}
+        if choice not in ("auto", "on"):
+            return dict.fromkeys(("greedy", "sampled"), head(Path(choice)))
+        return {label: head(store.acceptance_head(self.model.path, draft.path, label))
+                for label in ("greedy", "sampled")}
+
+    def available(self) -> list[DrafterSpec]:
+        """What auto chooses among: the suffix drafter (prompt lookup plus the store; lookup
+        alone when the store is off); a draft model (draft_model); the Jakiro drafter that ships for the
+        target, if one does (and the context returns hidden states)."""
+        found = [DrafterSpec("lookup")]
+        if self.store_setting != "off" and not self._store_error:
+            try:
+                self.get(DrafterSpec("suffix"))
+                found = [DrafterSpec("suffix")]
+            except (LocalspecError, OSError) as e:
+                self._store_error = str(e)
+                print(f"localspec: drafting without the suffix store: {e}", file=sys.stderr)
+        draft = self.draft_model()
+        if draft is not None:
+            try:
+                self.get(draft)
+                found.append(draft)
+            except LocalspecError:
+                pass
+        if store.shipped_drafter(self.model.path) is not None and self.features:
+            found.append(DrafterSpec("jakiro"))
+        return found
+
+    def draft_model(self) -> DrafterSpec | None:
+        """auto's draft model: the registry's default when it is pulled, else the smallest model
+        this machine has (the store, other tools' folders) at most half the target's size
+        that shares its tokenizer, said once."""
+        try:
+            default = store.resolve(DEFAULT_DRAFT_MODEL, pull_missing=False)
+        except LocalspecError:
+            default = None
+        models = store.on_this_machine()
+        small = sorted((p for p in models if p.stat().st_size <= self.model.path.stat().st_size / 2),
+                       key=lambda p: p.stat().st_size)
+        for path in [default] * (default is not None) + small:
+            if path.resolve() == self.model.path.resolve():
+                continue
+            try:
+                store.check_gguf(path)
+                with Model(path, vocab_only=True) as vocab:  # seconds less than loading it
+                    check_same_vocabulary(self.model, vocab)
+            except LocalspecError:
+                continue
+            if path == default:
+                return DrafterSpec("draft")
+            print(f"localspec: auto drafts with {models[path]} ({path}), which shares the target's tokenizer",
+                  file=sys.stderr)
+            return DrafterSpec("draft", model=str(path))
+        return None
+
+    def close(self) -> None:
+        for d in self._drafters.values():
+            d.close()
+        for s in self._stores.values():
+            s.close()
+        for ctx in self._draft_ctxs.values():
+            ctx.close()
+            ctx.model.close()

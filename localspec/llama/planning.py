@@ -1,0 +1,119 @@
+"""The cost curve an engine plans on, and its measurement: at a model's first start a coarse
+curve measured in seconds, then the whole curve measured between requests (a forward per turn
+of the engine's request lock, once it has idled REFINE_IDLE seconds) in a context of its own,
+cached and planned on in place of the coarse one; corrected all along by the loop's forwards
+(LiveCurve)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Iterator
+
+from localspec.llama.context import Context
+from localspec.llama.cost import (LONG_CONTEXT, MAX_BATCH, CostCurve, LiveCurve, cache_path, cost_curve, exactness,
+                                  keep, measure, planning_curve, record_loop)
+from localspec.progress import Progress
+
+REFINE_IDLE = 1.0  # seconds without a request before the whole curve's measurement goes on
+
+
+class Planning:
+    def __init__(self, ctx: Callable[[], Context], lock: threading.Lock, idle: Callable[[], float],
+                 progress: Progress, curve_file: str = "", flat: bool = False, whole: bool = False,
+                 refine: bool = True):
+        """`ctx`: the engine's context now (what a curve is measured in and cached for);
+        `lock`: its request lock, `idle()`: seconds since its last request ended. The rest as
+        EngineConfig's curve, flat_cost, whole_curve and refine_curve say."""
+        self.ctx, self.lock, self.idle, self.progress = ctx, lock, idle, progress
+        self.curve_file, self.flat, self.whole, self.refine = curve_file, flat, whole, refine
+        self._curve: CostCurve | LiveCurve | None = None
+        self._closing = threading.Event()
+        self._refiner: threading.Thread | None = None
+
+    @property
+    def curve(self) -> CostCurve | LiveCurve:
+        """The cost curve, measured once per model and machine, then corrected by what this
+        engine's forwards cost (flat_cost: a curve held flat; curve_file: the one in that file)."""
+        if self._curve is None and self.curve_file:
+            self._curve = planning_curve(Path(self.curve_file), self.ctx())
+        if self._curve is None:
+            curve = cost_curve(self.ctx(), progress=self.progress, quick=not self.whole)
+            if self.flat:
+                self._curve = replace(curve, seconds=[curve.seconds[0]] * len(curve.seconds), per_context=())
+            else:
+                self._curve = LiveCurve(curve)
+                if curve.coarse and self.refine:
+                    self._refiner = threading.Thread(target=self._refine, name="localspec-curve", daemon=True)
+                    self._refiner.start()
+        return self._curve
+
+    @property
+    def exactness(self) -> tuple[float, int]:
+        """How far batched forwards reproduce single tokens here: (the largest logit difference,
+        the largest batch that was exact), as the whole cost curve measures it."""
+        curve = self.curve
+        coarse = getattr(curve, "base", curve).coarse
+        return exactness(self.ctx()) if coarse else (curve.discrepancy, curve.exact_batch)
+
+    def _refine(self) -> None:
+        """The whole cost curve, measured in a context of its own between requests, then
+        cached and planned on in place of the coarse one."""
+        try:
+            with self._turn():
+                config = self.ctx().config
+                ctx = Context(self.ctx().model, replace(config, n_ctx=min(config.n_ctx, LONG_CONTEXT + MAX_BATCH)))
+            try:
+                curve = measure(ctx, turn=self._turn)
+            finally:
+                with self._turn(closing=True):
+                    ctx.close()
+            keep(self.ctx(), curve)
+            with self.lock:
+                self._curve.rebase(curve)
+        except _Closing:
+            pass
+
+    @contextlib.contextmanager
+    def _turn(self, closing: bool = False) -> Iterator[None]:
+        """The engine's request lock for the curve's measurement, once no request has run for
+        REFINE_IDLE seconds (at once with `closing`); _Closing when the engine closes first."""
+        while True:
+            if self._closing.is_set() and not closing:
+                raise _Closing
+            wait = 0.0 if closing else REFINE_IDLE - self.idle()
+            if wait > 0:
+                self._closing.wait(wait)
+            elif self.lock.acquire(timeout=0.1):
+                if closing or self.idle() >= REFINE_IDLE:
+                    break
+                self.lock.release()
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    def price(self) -> Callable[[int, int], float] | None:
+        """With another machine's curve to plan on (curve_file): what a forward of n tokens
+        after n_context costs there, so that Cascade measures utility as it would there."""
+        if not self.curve_file:
+            return None
+        curve = self.curve
+        return lambda n, n_context: float(curve.seconds_at(n_context)[min(n, len(curve.seconds)) - 1])
+
+    def after_request(self) -> None:
+        """Keep how far the loop strayed from the curve beside it (cost_curve reads it)."""
+        if isinstance(self._curve, LiveCurve):
+            record_loop(cache_path(self.ctx()), self._curve)
+
+    def close(self) -> None:
+        """Stop the measurement under way, if any (after the forward it is in)."""
+        self._closing.set()
+        if self._refiner is not None:
+            self._refiner.join()
+
+
+class _Closing(Exception):
+    """The engine closed while its curve was being measured."""
