@@ -6,7 +6,7 @@ skipped if it has not started, and told through its flag if it has.
 Why one thread for good: llama.cpp's CPU backend (OpenMP builds) keeps a team of threads per
 calling thread, spinning between forwards; decoding from a new thread each request starts
 another team while the old one still spins, and on two cores that costs a quarter of the speed
-(docs/benchmarks.md)."""
+(docs/benchmarks-history.md#localspec-chat-what-the-app-costs-what-its-cache-saves-2026-11-24)."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ class ContextConfig:
     flash_attn: str = "auto"   # auto | on | off
     kv_type: str = "f16"       # f16 | bf16 | q8_0 | f32: element type of the KV cache
     embeddings: bool = False   # also return final hidden states (the LM-head input)
-    chunk: int = 128           # prompts are decoded in chunks starting at multiples of this (docs/benchmarks.md: 64 costs 9% of prefill speed, 128 1%)
+    chunk: int = 128           # prompts are decoded in chunks starting at multiples of this (docs/benchmarks.md#prompts-in-chunks: 64 costs 9% of prefill speed, 128 1%)
     argmax_on_device: bool = False  # greedy requests take each row's argmax in the graph (see argmax_on_device)
 
 
@@ -210,7 +210,7 @@ class Context:
         all of an identical prompt), and what it decodes from there forms the chunks a cold
         start forms. A prompt that runs on into generated tokens (a chat's earlier answer)
         reuses them too, although they were decoded as generation, not as a prompt: what that
-        can change is measured in docs/benchmarks.md."""
+        can change is measured in docs/benchmarks.md#reusing-a-cached-answer."""
         n = len(tokens)
         if n == 0:
             raise LocalspecError("empty prompt")

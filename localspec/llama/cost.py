@@ -90,8 +90,9 @@ class LiveCurve:
     """The measured curve, corrected by what the engine's forwards cost as it runs. A curve
     measured once can be wrong for good: taken while something else loaded the cores, a
     single token looked 25% dearer and a batch of 2 1.4 single tokens instead of 1.8, and
-    every draft was sized for a machine that was not there (docs/benchmarks.md). So each
-    verification forward is held against the curve: per batch size, a running mean of
+    every draft was sized for a machine that was not there
+    (docs/benchmarks-history.md#a-cost-curve-measured-under-load-and-the-live-curve-2026-11-25).
+    So each verification forward is held against the curve: per batch size, a running mean of
     log(seconds observed / seconds predicted), shrunk towards 0 while it rests on few
     forwards, scales that size; sizes not yet seen take their seen neighbours' correction.
     One forward far from the mean counts as one `step` away from it (a robust mean: a
@@ -358,8 +359,8 @@ def measure_discrepancy(ctx: Context, max_batch: int = 12, contexts=(64, 320),
     and the largest n for which batches of 2..n were exact. llama.cpp's batched kernels need
     not reproduce single-token results bit for bit: on a CPU, repacked weights switch to
     matrix-matrix kernels at 4 rows, and flash attention over an f16 cache splits a single
-    token's work across threads once the cache passes 256 cells (docs/benchmarks.md, kernel
-    settings)."""
+    token's work across threads once the cache passes 256 cells
+    (docs/benchmarks.md#kernel-settings)."""
     sizes = [n for n in batch_sizes(max_batch) if n >= 2]
     # A small context (--ctx 256) holds less than the longer one: as much as it holds.
     contexts = sorted({max(0, min(n, ctx.n_ctx - max_batch)) for n in contexts})
