@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import enum
 import os
 import threading
 import time
@@ -102,9 +103,22 @@ class Delta:
         return "".join(text for text, _ in self.pieces)
 
 
+class Reason(str, enum.Enum):
+    """Why an answer ended."""
+    EOG = "eog"              # the model ended it (end of generation)
+    STOP = "stop"            # a stop string
+    LENGTH = "length"        # the request's max_tokens, or the context's end
+    CANCELLED = "cancelled"  # the cancel flag, or the stream closed
+
+    @property
+    def finished(self) -> bool:
+        """Did the answer end where it meant to (OpenAI's finish_reason "stop")?"""
+        return self in (Reason.EOG, Reason.STOP)
+
+
 @dataclass(frozen=True)
 class Done:
-    reason: str         # "eog" (end of generation), "stop" (a stop string), "length", "cancelled"
+    reason: Reason
     text: str           # the whole answer
     tokens: list[int]   # every token generated (past a stop string too)
     stats: Stats
@@ -276,7 +290,7 @@ class Engine:
         stats = Stats()
         text = TextStream(self.model, request.stop)
         generated: list[int] = []
-        reason = None
+        reason: Reason | None = None
         ctx = self._slot(tokens)
         if not request.cache:
             ctx.clear()
@@ -287,7 +301,7 @@ class Engine:
         try:
             while reason is None:
                 if cancel is not None and cancel.is_set():  # seen before the next iteration
-                    reason = "cancelled"
+                    reason = Reason.CANCELLED
                     break
                 it = next(steps, None)
                 if it is None:
@@ -297,17 +311,17 @@ class Engine:
                 generated += it.tokens
                 for i, token in enumerate(it.tokens):
                     if self.model.is_eog(token) and not request.ignore_eog:
-                        reason = "eog"
+                        reason = Reason.EOG
                         break
                     text.feed(token, it.drafter if i < it.n_accepted else None)
                     if text.stopped:
-                        reason = "stop"
+                        reason = Reason.STOP
                         break
                 yield Delta(text.take(final=reason is not None), len(it.tokens), it.n_accepted, it.arm)
         finally:
             steps.close()
-        if reason in (None, "cancelled"):  # the request's max_tokens, the context's end, or cancelled
-            reason = reason or "length"
+        if reason in (None, Reason.CANCELLED):  # the request's max_tokens, the context's end, or cancelled
+            reason = reason or Reason.LENGTH
             rest = text.take(final=True)
             if rest:
                 yield Delta(rest, 0, 0, controller.arm)

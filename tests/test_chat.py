@@ -263,3 +263,20 @@ def test_a_corrupt_database_is_moved_aside_with_a_notice(small_path, tmp_path):
     assert len(aside) == 1 and aside[0].read_bytes() == b"this is not a database" * 100
     assert any("moved to" in n for n in notices)
     assert len(Store(db).conversations()) == 1
+
+
+def test_a_drafter_that_cannot_be_had_is_said_when_it_is_chosen(small_path, tmp_path):
+    """Settings name the drafter; the engine builds it then, not inside the next message, and a
+    drafter that cannot be had is one line at once."""
+    async def go():
+        app = Recording(config(small_path, tmp_path))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await ready(pilot)
+            app.action_settings()
+            await pilot.pause()
+            app.screen.query_one("#drafter").value = "draft:nonesuch.gguf"
+            await pilot.click("#save")
+            await until(pilot, lambda: any(n.startswith("drafter draft:nonesuch.gguf:") for n in app.notices), 60)
+            return app.notices, app.is_running
+    notices, running = run(go())
+    assert running and any("not found" in n for n in notices if n.startswith("drafter ")), notices

@@ -26,7 +26,7 @@ from textual.widgets.option_list import Option
 
 from localspec import store as model_store
 from localspec.drafters.spec import DrafterSpec
-from localspec.engine import Delta, Done, Engine, EngineConfig, Request
+from localspec.engine import Delta, Done, Engine, EngineConfig, Reason, Request
 from localspec.errors import LocalspecError
 from localspec.llama.text import chat_tokens
 from localspec.paths import data_dir
@@ -372,10 +372,10 @@ class ChatApp(App):
             await self.end_answer(stopped=True, stats=answer.stats)
         elif m.done is not None:
             stats = m.done.stats.as_dict() | {"arm": self._arm}
-            if m.done.reason == "length" and m.done.stats.predicted_n < self.cfg.max_tokens:
+            if m.done.reason is Reason.LENGTH and m.done.stats.predicted_n < self.cfg.max_tokens:
                 self.notify("The context is full: the answer stops here. Start a new conversation "
                             "(Ctrl+N), or drop old messages by deleting them.", severity="warning")
-            await self.end_answer(stopped=m.done.reason in ("cancelled", "length"), stats=stats)
+            await self.end_answer(stopped=not m.done.reason.finished, stats=stats)
         elif time.monotonic() - self._saved_at >= SAVE_EVERY:
             self.store.save_message(answer)
             self._saved_at = time.monotonic()
@@ -487,8 +487,18 @@ class ChatApp(App):
                 c.sampling = {"temperature": s.temperature, "seed": s.seed}
                 self.store.update_conversation(c)
                 self.notify("Settings saved for this conversation.")
+                self._prepare(s.drafter)
         current = Settings(c.system_prompt, c.sampling.get("temperature", 0.0), c.sampling.get("seed"), c.drafter)
         self.push_screen(SettingsScreen(current, DrafterSpec.parse), done)
+
+    @work(exclusive=True, group="prepare")
+    async def _prepare(self, drafter: str) -> None:
+        """Build the drafter the conversation now names before its next message (which waits
+        behind this in the engine's queue), and say in one line if it cannot be had."""
+        job = self.worker.submit(lambda engine, cancel: engine.prepare(DrafterSpec.parse(drafter)) or [])
+        item = await job.out.get()
+        if isinstance(item, Exception):
+            self.notify(f"drafter {drafter}: {item}", severity="error")
 
     def action_switch_model(self) -> None:
         if self.answer is not None:

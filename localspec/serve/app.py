@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response, StreamingResponse
 
 from localspec import __version__
-from localspec.engine import Delta, Done, Engine, Request
+from localspec.engine import Delta, Done, Engine, Reason, Request
 from localspec.errors import LocalspecError
 from localspec.loop import Stats
 from localspec.sampling import SamplingConfig
@@ -436,15 +436,15 @@ def stop_type(done: Done | None, limits: Limits) -> tuple[str, str]:
         return "none", ""
     if limits.hit:
         return "limit", ""
-    if done.reason == "eog":
+    if done.reason is Reason.EOG:
         return "eos", ""
-    if done.reason == "stop":
+    if done.reason is Reason.STOP:
         return "word", done.stop
     return "limit", ""
 
 
 def finish_reason(done: Done | None) -> str:
-    return "stop" if done is None or done.reason in ("eog", "stop") else "length"
+    return "stop" if done is None or done.reason.finished else "length"
 
 
 def timings(s: Stats) -> dict:
