@@ -393,7 +393,7 @@ def run_request(request: Request, limits: Limits, warm: bool) -> Callable[[Engin
     def run(e: Engine, cancel: threading.Event) -> Iterable:
         if warm:
             stats = e.prefill(request)
-            yield (Done("length", "", [], stats), len(e.ctx.tokens))
+            yield (Done(Reason.LENGTH, "", [], stats), len(e.ctx.tokens))
             return
         done = None
         for event in e.generate(request, cancel):
