@@ -262,6 +262,10 @@ def quick_measure(ctx: Context, max_batch: int = MAX_BATCH, n_context: int = 256
     ctx.clear()
     filler = filler_tokens(ctx, n_context + max_batch)
     ctx.extend(filler[:n_context])
+    # Untimed: the first forwards after a load run slow (a single token priced 40% above the
+    # whole curve's without this), and the widest batch sizes the compute buffers once.
+    time_batch(ctx, filler, n_context, max_batch)
+    plain_step_seconds(ctx, filler, n_context, 4)
     times = {1: plain_step_seconds(ctx, filler, n_context, min(8, max_batch))}
     doubling = [n for n in (2, 4, 8, 16, 32, 64, 128) if n < max_batch] + [max_batch]
     between = [n for n in (3, 6, 12, 24, 48, 96) if n < max_batch]
