@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import enum
+import functools
 import os
 import threading
 import time
@@ -125,6 +126,21 @@ class Done:
     stop: str = ""      # the stop string that ended it
 
 
+def load_model(cfg: EngineConfig, progress: Progress, loads: collections.Counter[str], path: Path,
+               repack: bool = True, rpc: tuple[str, ...] = ()) -> Model:
+    """A model file loaded as the engine loads models (on the GPUs where its layers fit, over
+    `rpc` when given), its progress to `progress`, counted in `loads`."""
+    what = f"loading {path.stem}"
+    n_gpu_layers = cfg.n_gpu_layers
+    if rpc and not n_gpu_layers:
+        n_gpu_layers = ALL_LAYERS
+    elif n_gpu_layers is None:
+        n_gpu_layers = layers_that_fit(path, cfg.n_ctx)
+    model = Model(path, n_gpu_layers, repack, lambda share: progress(what, share, 1.0), rpc=rpc)
+    loads[str(path)] += 1
+    return model
+
+
 class Engine:
     def __init__(self, cfg: EngineConfig = EngineConfig(), progress: Progress | None = None,
                  log: LogHandler | None = None):
@@ -136,7 +152,11 @@ class Engine:
         self.progress = progress or (lambda what, done, total: None)
         self.loads: collections.Counter[str] = collections.Counter()  # model files loaded
         path = store.resolve(cfg.model)
-        self.model = self._load(path, repack=not cfg.strict, rpc=cfg.rpc)
+        # What the engine's parts hold of it is no reference back to it (load is no bound
+        # method): an engine a script never closes is freed with its script's globals, before
+        # the interpreter's last collection, where a native runtime's teardown crashed.
+        load = functools.partial(load_model, cfg, self.progress, self.loads)
+        self.model = load(path, repack=not cfg.strict, rpc=cfg.rpc)
         # Feature drafters read the target's hidden states: the context returns them whenever
         # one may run, decided once here. Over RPC, returning them costs every forward one more
         # round trip, drafting or not (at 6.5 ms: 21.5 -> 18.3 tokens/s plain), so auto leaves
@@ -152,10 +172,9 @@ class Engine:
         self._used = [0.0] * len(self.slots)
         self._lock = threading.Lock()
         self._owner: int | None = None
-        self._idle_since = time.monotonic()
-        self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, self._load, self.loads)
-        self.planning = Planning(lambda: self.ctx, self._lock, lambda: time.monotonic() - self._idle_since,
-                                 self.progress, cfg.curve, cfg.flat_cost, cfg.whole_curve, cfg.refine_curve)
+        self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, load, self.loads)
+        self.planning = Planning(self.ctx, self._lock, self.progress, cfg.curve, cfg.flat_cost, cfg.whole_curve,
+                                 cfg.refine_curve)
         self._controllers: dict[DrafterSpec, Controller] = {}
         if cfg.strict:
             exact_batch = self.exactness[1]
@@ -177,17 +196,6 @@ class Engine:
     def where(self) -> str:
         """One line on where the target runs."""
         return where(self.model, self.ctx.config.n_threads or default_threads())
-
-    def _load(self, path: Path, repack: bool = True, rpc: tuple[str, ...] = ()) -> Model:
-        what = f"loading {path.stem}"
-        n_gpu_layers = self.cfg.n_gpu_layers
-        if rpc and not n_gpu_layers:
-            n_gpu_layers = ALL_LAYERS
-        elif n_gpu_layers is None:
-            n_gpu_layers = layers_that_fit(path, self.cfg.n_ctx)
-        model = Model(path, n_gpu_layers, repack, lambda share: self.progress(what, share, 1.0), rpc=rpc)
-        self.loads[str(path)] += 1
-        return model
 
     def prepare(self, spec: DrafterSpec | None = None) -> None:
         """Load, build and measure what requests with `spec` (the engine's drafter by default)
@@ -260,7 +268,7 @@ class Engine:
                 yield
             finally:
                 self._owner = None
-                self._idle_since = time.monotonic()
+                self.planning.idle_since = time.monotonic()
 
     def generate(self, request: Request, cancel: threading.Event | None = None,
                  on_iteration: Callable[[Iteration], None] | None = None) -> Iterator[Delta | Done]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
@@ -21,13 +22,13 @@ REFINE_IDLE = 1.0  # seconds without a request before the whole curve's measurem
 
 
 class Planning:
-    def __init__(self, ctx: Callable[[], Context], lock: threading.Lock, idle: Callable[[], float],
-                 progress: Progress, curve_file: str = "", flat: bool = False, whole: bool = False,
-                 refine: bool = True):
-        """`ctx`: the engine's context now (what a curve is measured in and cached for);
-        `lock`: its request lock, `idle()`: seconds since its last request ended. The rest as
+    def __init__(self, ctx: Context, lock: threading.Lock, progress: Progress, curve_file: str = "",
+                 flat: bool = False, whole: bool = False, refine: bool = True):
+        """`ctx`: the engine's context a curve is measured in and cached for; `lock`: its
+        request lock, whose holder sets `idle_since` when a request ends. The rest as
         EngineConfig's curve, flat_cost, whole_curve and refine_curve say."""
-        self.ctx, self.lock, self.idle, self.progress = ctx, lock, idle, progress
+        self.ctx, self.lock, self.progress = ctx, lock, progress
+        self.idle_since = time.monotonic()
         self.curve_file, self.flat, self.whole, self.refine = curve_file, flat, whole, refine
         self._curve: CostCurve | LiveCurve | None = None
         self._closing = threading.Event()
@@ -38,9 +39,9 @@ class Planning:
         """The cost curve, measured once per model and machine, then corrected by what this
         engine's forwards cost (flat_cost: a curve held flat; curve_file: the one in that file)."""
         if self._curve is None and self.curve_file:
-            self._curve = planning_curve(Path(self.curve_file), self.ctx())
+            self._curve = planning_curve(Path(self.curve_file), self.ctx)
         if self._curve is None:
-            curve = cost_curve(self.ctx(), progress=self.progress, quick=not self.whole)
+            curve = cost_curve(self.ctx, progress=self.progress, quick=not self.whole)
             if self.flat:
                 self._curve = replace(curve, seconds=[curve.seconds[0]] * len(curve.seconds), per_context=())
             else:
@@ -56,25 +57,29 @@ class Planning:
         the largest batch that was exact), as the whole cost curve measures it."""
         curve = self.curve
         coarse = getattr(curve, "base", curve).coarse
-        return exactness(self.ctx()) if coarse else (curve.discrepancy, curve.exact_batch)
+        return exactness(self.ctx) if coarse else (curve.discrepancy, curve.exact_batch)
 
     def _refine(self) -> None:
         """The whole cost curve, measured in a context of its own between requests, then
         cached and planned on in place of the coarse one."""
         try:
             with self._turn():
-                config = self.ctx().config
-                ctx = Context(self.ctx().model, replace(config, n_ctx=min(config.n_ctx, LONG_CONTEXT + MAX_BATCH)))
+                config = self.ctx.config
+                ctx = Context(self.ctx.model, replace(config, n_ctx=min(config.n_ctx, LONG_CONTEXT + MAX_BATCH)))
             try:
                 curve = measure(ctx, turn=self._turn)
             finally:
                 with self._turn(closing=True):
                     ctx.close()
-            keep(self.ctx(), curve)
+            keep(self.ctx, curve)
             with self.lock:
                 self._curve.rebase(curve)
         except _Closing:
             pass
+
+    def idle(self) -> float:
+        """Seconds since the engine's last request ended."""
+        return time.monotonic() - self.idle_since
 
     @contextlib.contextmanager
     def _turn(self, closing: bool = False) -> Iterator[None]:
@@ -106,7 +111,7 @@ class Planning:
     def after_request(self) -> None:
         """Keep how far the loop strayed from the curve beside it (cost_curve reads it)."""
         if isinstance(self._curve, LiveCurve):
-            record_loop(cache_path(self.ctx()), self._curve)
+            record_loop(cache_path(self.ctx), self._curve)
 
     def close(self) -> None:
         """Stop the measurement under way, if any (after the forward it is in)."""
