@@ -60,7 +60,7 @@ def found() -> list[Found]:
     hub = hf_hub()
     for repo in sorted(hub.glob("models--*--*")):
         owner_repo = repo.name[len("models--"):].replace("--", "/", 1)
-        for snapshot in _snapshots(repo):
+        for snapshot in snapshots(repo):
             out += [Found(f"hf:{owner_repo}/{p.relative_to(snapshot).as_posix()}", p, "Hugging Face cache")
                     for p in _ggufs(snapshot.rglob("*.gguf"))]
     for folder in (Path(d).expanduser() for d in os.environ.get("LOCALSPEC_MODEL_DIRS", "").split(os.pathsep) if d):
@@ -68,7 +68,7 @@ def found() -> list[Found]:
     return out
 
 
-def _snapshots(repo: Path) -> list[Path]:
+def snapshots(repo: Path) -> list[Path]:
     """The snapshot `main` points at, else every snapshot."""
     ref = repo / "refs" / "main"
     if ref.is_file():

@@ -57,7 +57,7 @@ def cached(spec: str) -> Path | None:
     """The file hf:... stands for in the Hugging Face cache (every part there), or None."""
     repo, quant, file = parse(spec)
     folder = found.hf_hub() / f"models--{repo.replace('/', '--')}"
-    for snapshot in found._snapshots(folder) if folder.is_dir() else []:
+    for snapshot in found.snapshots(folder) if folder.is_dir() else []:
         files = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*.gguf")]
         try:
             wanted = [file] if file else choose(files, quant, repo)
