@@ -352,6 +352,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
     from localspec.bench import report, workloads
     from localspec.bench.runner import run_bench, warm_documents
     from localspec.drafters.loaded import DEFAULT_DRAFT_MODEL
+    from localspec.drafters.suffix import StoreSetting
     from localspec.engine import Engine
     from localspec.progress import StderrProgress, progress_bar
 
@@ -366,7 +367,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
     prompts, warm = workloads.load_warm(cfg.workload, cfg.limit)
     # The bench's suffix store is its own, in memory: the user's stays as it was, and every
     # configuration starts each turn from the same store.
-    engine = Engine(replace(engine_config(a, list(specs)), store=":memory:", whole_curve=True),
+    engine = Engine(replace(engine_config(a, list(specs)), store=StoreSetting("memory"), whole_curve=True),
                     progress=StderrProgress())
     sampling = sampling_config(a)
     for spec in specs:

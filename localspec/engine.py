@@ -14,21 +14,22 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from localspec import store
-from localspec.control.controllers import CascadeController, Fixed, Plain
-from localspec.drafters.base import Budget
-from localspec.drafters.loaded import Drafters
+from localspec.control.controllers import controller_for
+from localspec.drafters.loaded import Drafters, needs_features
 from localspec.drafters.spec import AUTO, DrafterSpec
+from localspec.drafters.suffix import StoreSetting
 from localspec.errors import LocalspecError
-from localspec.llama import Context, Model
-from localspec.llama.context import ContextConfig, common_prefix, default_threads
+from localspec.llama import Model
+from localspec.llama.context import ContextConfig, default_threads
 from localspec.llama.cost import CostCurve, LiveCurve
 from localspec.llama.model import LogHandler, set_log_handler
 from localspec.llama.placement import ALL_LAYERS, layers_that_fit, where
 from localspec.llama.planning import Planning
-from localspec.llama.text import StreamDecoder, chat_tokens
+from localspec.llama.slots import Slots
+from localspec.llama.text import TextStream, chat_tokens
 from localspec.loop import Controller, Iteration, RunOptions, Stats, run
 from localspec.progress import Progress
 from localspec.sampling import SamplingConfig
@@ -61,9 +62,9 @@ class EngineConfig:
     # Contexts (KV caches) kept for prompts that share nothing: a server's editor completions
     # and chats each keep theirs instead of evicting each other. Each costs its KV cache.
     slots: int = 1
-    # The suffix store, which learns from every answer: "" the target tokenizer's in the cache
-    # directory, a directory, ":memory:" (kept by nothing: benchmarks), or "off".
-    store: str = ""
+    # The suffix store, which learns from every answer (StoreSetting.parse takes "" for the
+    # target tokenizer's in the cache directory, a directory, ":memory:" or "off").
+    store: StoreSetting = StoreSetting()
     # Greedy requests take each row's argmax inside the target's graph (a token id per row
     # comes back, not the row's logits), on every backend that can (False: on the host).
     argmax_on_device: bool = True
@@ -76,6 +77,9 @@ class EngineConfig:
     # whose processes would slow each other). whole_curve: measured before the first request.
     refine_curve: bool = field(default_factory=lambda: os.environ.get("LOCALSPEC_REFINE_CURVE") != "0")
     whole_curve: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "store", StoreSetting.parse(self.store))  # callers may write it out
 
 
 @dataclass(frozen=True)
@@ -98,10 +102,16 @@ class Delta:
     n_tokens: int   # tokens generated since the last delta
     n_drafted: int  # of them, from accepted drafts
     arm: str        # what the controller ran ("plain", "lookup@3", ...)
+    iterations: int = 1  # of the loop this delta covers
 
     @property
     def text(self) -> str:
         return "".join(text for text, _ in self.pieces)
+
+    def then(self, later: Delta) -> Delta:
+        """This delta and the one after it as one."""
+        return Delta(self.pieces + later.pieces, self.n_tokens + later.n_tokens,
+                     self.n_drafted + later.n_drafted, later.arm, self.iterations + later.iterations)
 
 
 class Reason(str, enum.Enum):
@@ -124,6 +134,23 @@ class Done:
     tokens: list[int]   # every token generated (past a stop string too)
     stats: Stats
     stop: str = ""      # the stop string that ended it
+    cached: int = 0     # tokens the context's cache holds after it (prompt and answer)
+
+
+def coalesce(events: Iterable[Delta | Done], every: float) -> Iterator[Delta | Done]:
+    """The same events with Deltas merged, at most one every `every` seconds (the first at
+    once), for a surface that redraws on each."""
+    held, sent = None, float("-inf")
+    for event in events:
+        if isinstance(event, Done):
+            if held is not None:
+                yield held
+            yield event
+            return
+        held = event if held is None else held.then(event)
+        if time.monotonic() - sent >= every:
+            yield held
+            held, sent = None, time.monotonic()
 
 
 def load_model(cfg: EngineConfig, progress: Progress, loads: collections.Counter[str], path: Path,
@@ -157,32 +184,21 @@ class Engine:
         # the interpreter's last collection, where a native runtime's teardown crashed.
         load = functools.partial(load_model, cfg, self.progress, self.loads)
         self.model = load(path, repack=not cfg.strict, rpc=cfg.rpc)
-        # Feature drafters read the target's hidden states: the context returns them whenever
-        # one may run, decided once here. Over RPC, returning them costs every forward one more
-        # round trip, drafting or not (at 6.5 ms: 21.5 -> 18.3 tokens/s plain), so auto leaves
-        # Jakiro out there unless asked for by name.
-        features = cfg.features if cfg.features is not None else cfg.drafter.uses_features or (
-            cfg.drafter.kind == "auto" and not cfg.drafter.members and not cfg.rpc
-            and store.shipped_drafter(path) is not None)
+        features = needs_features(cfg.drafter, cfg.features, bool(cfg.rpc), path)  # decided once
         config = ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads, flash_attn=cfg.flash_attn,
                                n_seq_max=cfg.n_seq_max, kv_type="bf16" if cfg.strict else "f16",
                                embeddings=features, argmax_on_device=cfg.argmax_on_device)
-        self.slots = [Context(self.model, config) for _ in range(max(1, cfg.slots))]
-        self.ctx = self.slots[0]  # the slot the last request ran in
-        self._used = [0.0] * len(self.slots)
+        self.slots = Slots(self.model, config, cfg.slots)
+        self.ctx = self.slots.contexts[0]  # the slot the last request ran in
         self._lock = threading.Lock()
         self._owner: int | None = None
         self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, load, self.loads)
         self.planning = Planning(self.ctx, self._lock, self.progress, cfg.curve, cfg.flat_cost, cfg.whole_curve,
-                                 cfg.refine_curve)
-        self._controllers: dict[DrafterSpec, Controller] = {}
-        if cfg.strict:
-            exact_batch = self.exactness[1]
-            if exact_batch >= 2:  # prompts too in batches that reproduce single tokens
-                for ctx in self.slots:
-                    ctx.chunk, ctx.all_exact = exact_batch, True
-
-    # --- what the engine holds ---------------------------------------------------------------
+                                 cfg.refine_curve, cfg.strict)
+        self._cascades: dict[DrafterSpec, Controller] = {}  # auto's keep what they learnt
+        if cfg.strict and (exact_batch := self.exactness[1]) >= 2:
+            for ctx in self.slots.contexts:  # prompts too in batches that reproduce single tokens
+                ctx.chunk, ctx.all_exact = exact_batch, True
 
     @property
     def curve(self) -> CostCurve | LiveCurve:
@@ -207,51 +223,74 @@ class Engine:
                 self.curve
 
     def controller(self, spec: DrafterSpec) -> Controller:
-        """What runs a request with this spec; auto's Cascade keeps what it learnt across
-        requests."""
-        if spec.kind == "none":
-            return Plain()
-        if spec.kind != "auto":
-            drafter = self.drafters.get(spec)  # a drafter that cannot load says so before any measuring
-            budget = Budget(self.curve, self.cfg.n_seq_max, spec.k, static=spec.k is not None)
-            return Fixed(drafter, budget, spec.label)
-        if spec not in self._controllers:
-            members = spec.members or self.drafters.available()
-            self._controllers[spec] = CascadeController(
-                {d.label: self.drafters.get(d) for d in members}, self.curve, self.cfg.n_seq_max)
-        return self._controllers[spec]
-
-    # --- requests ----------------------------------------------------------------------------
+        """What runs a request with this spec."""
+        if spec in self._cascades:
+            return self._cascades[spec]
+        controller = controller_for(spec, self.drafters, lambda: self.curve, self.cfg.n_seq_max)
+        if spec.kind == "auto":
+            self._cascades[spec] = controller
+        return controller
 
     def prompt_tokens(self, request: Request) -> list[int]:
         if request.messages is not None:
             return chat_tokens(self.model, list(request.messages))
-        if isinstance(request.prompt, str):
-            return self.model.tokenize(request.prompt)
-        return list(request.prompt)
+        return self.model.tokenize(request.prompt) if isinstance(request.prompt, str) else list(request.prompt)
 
-    def prefill(self, request: Request) -> Stats:
+    def prefill(self, request: Request) -> Done:
         """Only put the request's prompt in the cache (an editor's warm-up): what generate
         would reuse next, computed as it would compute it."""
         with self._running():
-            tokens = self.prompt_tokens(request)
-            stats = Stats()
-            t0 = time.perf_counter()
-            stats.cache_n, _ = self._slot(tokens).prefill(tokens, progress=self._reading)
+            tokens, stats, t0 = self.prompt_tokens(request), Stats(), time.perf_counter()
+            self.ctx = self.slots.pick(tokens)
+            stats.cache_n, _ = self.ctx.prefill(tokens, progress=self._reading)
             stats.prompt_n = len(tokens) - stats.cache_n
             stats.prompt_ms = (time.perf_counter() - t0) * 1e3
-            return stats
+            return Done(Reason.LENGTH, "", [], stats, cached=len(self.ctx.tokens))
 
-    def _slot(self, tokens: list[int]) -> Context:
-        """The context to run a prompt in: the one that shares most of it, else the one used
-        longest ago. It becomes `ctx`."""
-        shared = [common_prefix(c.tokens, tokens) for c in self.slots]
-        best = max(range(len(self.slots)), key=lambda i: (shared[i], -self._used[i]))
-        if shared[best] == 0:
-            best = min(range(len(self.slots)), key=lambda i: self._used[i])
-        self._used[best] = time.monotonic()
-        self.ctx = self.slots[best]
-        return self.ctx
+    def generate(self, request: Request, cancel: threading.Event | None = None,
+                 on_iteration: Callable[[Iteration], None] | None = None) -> Iterator[Delta | Done]:
+        """Run `request`: Delta events as text is written (never part of a stop string, never
+        half a character), then one Done. `cancel` set, or the stream closed, ends it after
+        the iteration under way; the cache is left consistent either way."""
+        with self._running():
+            yield from self._generate(request, cancel or threading.Event(), on_iteration)
+
+    def _generate(self, request: Request, cancel: threading.Event, on_iteration) -> Iterator[Delta | Done]:
+        tokens = self.prompt_tokens(request)
+        if not tokens or request.max_tokens < 1:
+            raise LocalspecError("empty prompt" if not tokens else "max_tokens must be at least 1")
+        spec = request.drafter or self.cfg.drafter
+        controller = self.controller(spec)
+        plain = spec.kind == "none"  # needs no curve
+        tie_bound, max_batch = (0.0, None) if plain else self.planning.strict_limits(request.sampling.temperature)
+        stats, text, generated, reason = Stats(), TextStream(self.model, request.stop), [], None
+        ctx = self.ctx = self.slots.pick(tokens)
+        if not request.cache:
+            ctx.clear()
+        options = RunOptions(not request.ignore_eog, tie_bound, max_batch, self._reading,
+                             None if plain else getattr(self.curve, "observe", None), self.planning.price())
+        steps = run(ctx, controller, tokens, request.sampling, request.max_tokens, stats, options)
+        with contextlib.closing(steps):
+            while reason is None and (it := None if cancel.is_set() else next(steps, None)) is not None:
+                if on_iteration:
+                    on_iteration(it)
+                generated += it.tokens
+                for i, token in enumerate(it.tokens):
+                    if self.model.is_eog(token) and not request.ignore_eog:
+                        reason = Reason.EOG
+                        break
+                    text.feed(token, it.drafter if i < it.n_accepted else None)
+                    if text.stopped:
+                        reason = Reason.STOP
+                        break
+                yield Delta(text.take(final=reason is not None), len(it.tokens), it.n_accepted, it.arm)
+        if reason is None:  # the request's max_tokens, the context's end, or cancelled
+            reason = Reason.CANCELLED if cancel.is_set() else Reason.LENGTH
+            if rest := text.take(final=True):
+                yield Delta(rest, 0, 0, controller.arm, iterations=0)
+        self.drafters.learn([t for t in generated if not self.model.is_eog(t)])
+        self.planning.after_request()
+        yield Done(reason, text.text, generated, stats, text.matched, len(ctx.tokens))
 
     def _reading(self, done: int, total: int) -> None:
         self.progress("reading the prompt", done, total)
@@ -270,140 +309,8 @@ class Engine:
                 self._owner = None
                 self.planning.idle_since = time.monotonic()
 
-    def generate(self, request: Request, cancel: threading.Event | None = None,
-                 on_iteration: Callable[[Iteration], None] | None = None) -> Iterator[Delta | Done]:
-        """Run `request`: Delta events as text is written (never part of a stop string, never
-        half a character), then one Done. `cancel` set, or the stream closed, ends it after
-        the iteration under way; the cache is left consistent either way."""
-        with self._running():
-            yield from self._generate(request, cancel, on_iteration)
-
-    def _generate(self, request: Request, cancel, on_iteration) -> Iterator[Delta | Done]:
-        tokens = self.prompt_tokens(request)
-        if not tokens:
-            raise LocalspecError("empty prompt")
-        if request.max_tokens < 1:
-            raise LocalspecError("max_tokens must be at least 1")
-        spec = request.drafter or self.cfg.drafter
-        controller = self.controller(spec)
-        tie_bound, max_batch = 0.0, None
-        if self.cfg.strict and spec.kind != "none":
-            if request.sampling.temperature > 0:
-                raise LocalspecError("--strict applies to greedy decoding (temperature 0)")
-            discrepancy, exact_batch = self.exactness
-            if exact_batch >= 2:
-                max_batch = exact_batch
-            else:
-                tie_bound = discrepancy * 2
-        stats = Stats()
-        text = TextStream(self.model, request.stop)
-        generated: list[int] = []
-        reason: Reason | None = None
-        ctx = self._slot(tokens)
-        if not request.cache:
-            ctx.clear()
-        observe = getattr(self.curve, "observe", None) if spec.kind != "none" else None  # plain needs no curve
-        options = RunOptions(not request.ignore_eog, tie_bound, max_batch, self._reading, observe,
-                             self.planning.price())
-        steps = run(ctx, controller, tokens, request.sampling, request.max_tokens, stats, options)
-        try:
-            while reason is None:
-                if cancel is not None and cancel.is_set():  # seen before the next iteration
-                    reason = Reason.CANCELLED
-                    break
-                it = next(steps, None)
-                if it is None:
-                    break
-                if on_iteration:
-                    on_iteration(it)
-                generated += it.tokens
-                for i, token in enumerate(it.tokens):
-                    if self.model.is_eog(token) and not request.ignore_eog:
-                        reason = Reason.EOG
-                        break
-                    text.feed(token, it.drafter if i < it.n_accepted else None)
-                    if text.stopped:
-                        reason = Reason.STOP
-                        break
-                yield Delta(text.take(final=reason is not None), len(it.tokens), it.n_accepted, it.arm)
-        finally:
-            steps.close()
-        if reason in (None, Reason.CANCELLED):  # the request's max_tokens, the context's end, or cancelled
-            reason = reason or Reason.LENGTH
-            rest = text.take(final=True)
-            if rest:
-                yield Delta(rest, 0, 0, controller.arm)
-        self.drafters.learn([t for t in generated if not self.model.is_eog(t)])
-        self.planning.after_request()
-        yield Done(reason, text.text, generated, stats, text.matched)
-
     def close(self) -> None:
         self.planning.close()
         self.drafters.close()
-        for ctx in self.slots:
-            ctx.close()
+        self.slots.close()
         self.model.close()
-
-
-class TextStream:
-    """Tokens in, text out: never half a UTF-8 character, never any part of a stop string
-    (text that could begin one waits until it cannot), each run of text marked with where its
-    tokens came from. The text ends before the first stop string to appear in full."""
-
-    def __init__(self, model: Model, stops: Sequence[str] = ()):
-        self.model = model
-        self.stops = [s for s in stops if s]
-        self.decoder = StreamDecoder(model)  # holds an incomplete character
-        self.held: list[list] = []  # [text, source] runs not yet given out
-        self.text = ""  # everything given out
-        self.stopped = False
-        self.matched = ""  # the stop string found
-        self._out: list[tuple[str, str | None]] = []
-
-    def feed(self, token: int, source: str | None) -> None:
-        new = self.decoder.feed(token)
-        if not new or self.stopped:
-            return
-        if not self.stops:  # nothing to hold back: out at once, in runs by source
-            if self._out and self._out[-1][1] == source:
-                self._out[-1] = (self._out[-1][0] + new, source)
-            else:
-                self._out.append((new, source))
-            self.text += new
-            return
-        if self.held and self.held[-1][1] == source:
-            self.held[-1][0] += new
-        else:
-            self.held.append([new, source])
-        held = "".join(t for t, _ in self.held)
-        found = [(i, s) for i, s in ((held.find(s), s) for s in self.stops) if i >= 0]
-        if found:
-            at, self.matched = min(found)
-            self._release(at)
-            self.held, self.stopped = [], True
-            return
-        # Keep back the longest end of the text that begins a stop string.
-        keep = max((k for s in self.stops for k in range(1, len(s)) if held.endswith(s[:k])), default=0)
-        self._release(len(held) - keep)
-
-    def take(self, final: bool = False) -> tuple[tuple[str, str | None], ...]:
-        """The runs of text given out since the last call (at the end, all that is held)."""
-        if final and not self.stopped:
-            rest = self.decoder.flush()
-            if rest:
-                self.held.append([rest, None])
-            self._release(sum(len(t) for t, _ in self.held))
-        out, self._out = tuple(self._out), []
-        return out
-
-    def _release(self, n: int) -> None:
-        while n > 0 and self.held:
-            text, source = self.held[0]
-            part = text[:n]
-            self._out.append((part, source))
-            self.text += part
-            n -= len(part)
-            if len(part) == len(text):
-                self.held.pop(0)
-            else:
-                self.held[0][0] = text[len(part):]

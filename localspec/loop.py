@@ -30,9 +30,9 @@ class Controller(Protocol):
 
     def begin(self) -> None: ...
 
-    def choose(self, context: list[int]) -> tuple[Drafter, Budget, DraftTree | None] | None:
-        """The drafter, its budget and its proposal if the controller already asked for one;
-        None: a plain step."""
+    def choose(self, context: list[int], room: int) -> tuple[Drafter, Budget, DraftTree] | None:
+        """The drafter, its budget (within `room` draft tokens) and its proposal, which the
+        controller asks the drafter for; None: a plain step."""
 
     def record(self, tokens: int, seconds: float, drafted: int, accepted: int) -> None: ...
 

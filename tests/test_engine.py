@@ -11,7 +11,7 @@ import pytest
 from localspec.llama import Context
 from localspec.llama.context import ContextConfig
 from localspec.llama.cost import CostCurve
-from localspec.llama.text import StreamDecoder, chat_tokens, complete_utf8_prefix
+from localspec.llama.text import TextStream, chat_tokens, complete_utf8_prefix
 from localspec.loop import generate
 from localspec.sampling import SamplingConfig, TokenSampler
 from localspec.verify import DraftTree, verify_tree
@@ -162,8 +162,12 @@ def test_seeded_sampling_is_reproducible(small_ctx):
 def test_stream_decoder_never_splits_a_character(small_model):
     text = "naïve café — 日本語のテキスト 🎉🚀 ok"
     tokens = small_model.tokenize(text, add_special=False)
-    dec = StreamDecoder(small_model)
-    pieces = [dec.feed(t) for t in tokens] + [dec.flush()]
+    stream = TextStream(small_model)
+    pieces = []
+    for t in tokens:
+        stream.feed(t)
+        pieces += [text for text, _ in stream.take()]
+    pieces += [text for text, _ in stream.take(final=True)]
     assert "".join(pieces) == text
     assert all("\ufffd" not in p for p in pieces)
     assert any(len(small_model.token_bytes(t)) and
@@ -271,6 +275,29 @@ def test_a_cached_curve_the_loop_strays_from_is_measured_again(small_path, tmp_p
     assert strayed({"forwards": 32, "ratio": 1.3}) and strayed({"forwards": 40, "ratio": 0.7})
 
 
+def test_a_coarse_curve_from_a_busy_moment_stays_positive_and_a_broken_cached_one_is_replaced(
+        small_model, tmp_path, monkeypatch):
+    """A busy moment made the widest size time below the one before; extended along that
+    slope to 64 tokens the coarse curve went below zero, was cached, and every later request
+    of that model failed (math domain error). Now the slope cannot fall, and a cached curve
+    whose times are not positive is measured again."""
+    import json
+
+    from localspec.llama.cost import cache_path, cost_curve, fill_curve
+
+    seconds = fill_curve({1: 0.020, 2: 0.030, 4: 0.050, 8: 0.041}, 64)
+    assert len(seconds) == 64 and min(seconds) >= 0.020
+    assert all(a <= b for a, b in zip(seconds, seconds[1:]))
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    with Context(small_model, ContextConfig(n_ctx=512, n_threads=2)) as ctx:
+        path = cache_path(ctx)
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"seconds": [-0.01] * 6, "n_context": 256, "coarse": True}))
+        curve = cost_curve(ctx, max_batch=6, quick=True)
+        assert curve.coarse and all(x > 0 for x in curve.seconds)
+        assert json.loads(path.read_text())["seconds"] == curve.seconds
+
+
 def test_cost_curve_at_another_context():
     from localspec.drafters.base import Budget
     from localspec.verify import DraftTree
@@ -353,7 +380,9 @@ def test_a_curve_from_another_machine_as_json_or_as_the_printed_table(tmp_path):
     assert printed.at(4096).cost(2) == pytest.approx(0.0072)
     assert len(curve.seconds) == 64 and curve.per_context
     (tmp_path / "bad.json").write_text("{\"seconds\": \"fast\"}")
-    for bad in (tmp_path / "bad.json", tmp_path / "missing.json", Path(__file__).parent / "conftest.py"):
+    (tmp_path / "negative.json").write_text("{\"seconds\": [0.01, -0.02], \"n_context\": 256}")
+    for bad in (tmp_path / "bad.json", tmp_path / "negative.json", tmp_path / "missing.json",
+                Path(__file__).parent / "conftest.py"):
         with pytest.raises(LocalspecError, match="not a cost curve"):
             read_curve(bad)
 

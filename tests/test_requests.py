@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localspec.drafters.spec import NONE, DrafterSpec
-from localspec.engine import Delta, Done, Engine, EngineConfig, Request, TextStream
+from localspec.engine import Delta, Done, Engine, EngineConfig, Request
+from localspec.llama.text import TextStream
 from localspec.errors import LocalspecError
 from localspec.sampling import SamplingConfig
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 import os
 import re
 import sys
-import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from textual import on, work
@@ -26,7 +25,7 @@ from textual.widgets.option_list import Option
 
 from localspec import store as model_store
 from localspec.drafters.spec import DrafterSpec
-from localspec.engine import Delta, Done, Engine, EngineConfig, Reason, Request
+from localspec.engine import Delta, Done, Engine, EngineConfig, Reason, Request, coalesce
 from localspec.errors import LocalspecError
 from localspec.llama.text import chat_tokens
 from localspec.paths import data_dir
@@ -78,7 +77,7 @@ class Live:
             self.start = time.monotonic()
         self.tokens += d.n_tokens
         self.from_drafts += d.n_drafted
-        self.iterations += d.arm != "prompt"
+        self.iterations += d.iterations if d.arm != "prompt" else 0
         self.arm = d.arm
 
     def line(self) -> str:
@@ -86,16 +85,6 @@ class Live:
         speed = (self.tokens - 1) / seconds if seconds > 0 and self.tokens > 1 else 0.0
         return (f"{speed:.1f} tok/s · τ {self.tokens / (self.iterations + 1):.2f} · {self.from_drafts} "
                 f"from drafts · {self.arm} · writing (Esc stops)")
-
-
-@dataclass
-class Streamed:
-    """What the answer being written grew by since the last item (runs of text, and the
-    numbers so far), or how it ended (`done`), or the error that ended it."""
-    pieces: list = field(default_factory=list)
-    live: Live | None = None
-    done: Done | None = None
-    error: str | None = None
 
 
 class ChatApp(App):
@@ -135,7 +124,6 @@ class ChatApp(App):
         self._job: Job | None = None  # the answer being written
         self._saved_at = 0.0
         self._progress: ProgressScreen | None = None
-        self._arm = ""
         self._log = None  # llama.cpp's log file
         self.loading = True  # an engine is being loaded
 
@@ -349,36 +337,36 @@ class ChatApp(App):
 
     @work(exclusive=True, group="answer")
     async def _answer(self, request: Request) -> None:
-        """Run the request on the engine's thread; its items come back here, in order."""
-        job = self.worker.submit(streamed(request))
-        self._job = job
-        while (item := await job.out.get()) is not END:
-            await self.take(item if isinstance(item, Streamed) else Streamed(error=str(item)))
+        """Run the request on the engine's thread; its events come back here, in order, the
+        text at most every UPDATE_EVERY seconds (the first at once)."""
+        job = self.worker.submit(lambda engine, cancel: coalesce(engine.generate(request, cancel), UPDATE_EVERY))
+        self._job, live = job, Live()
+        while (event := await job.out.get()) is not END:
+            await self.take(event, live)
 
-    async def take(self, m: Streamed) -> None:
-        """Show one item of the answer being written; save it now and then; end it."""
+    async def take(self, event: Delta | Done | Exception, live: Live) -> None:
+        """Show one event of the answer being written; save it now and then; end it."""
         answer, view = self.answer, self.answer_view
         if answer is None:
             return
-        if m.pieces:
-            await view.append(m.pieces)
-            answer.text, answer.pieces = view.text, view.pieces
-        if m.live is not None:
-            self._arm = m.live.arm
-            if m.done is None:
-                self.status(m.live.line())
-        if m.error is not None:
-            self.notify(m.error, severity="error", markup=False)
+        if isinstance(event, Exception):
+            self.notify(str(event), severity="error", markup=False)
             await self.end_answer(stopped=True, stats=answer.stats)
-        elif m.done is not None:
-            stats = m.done.stats.as_dict() | {"arm": self._arm}
-            if m.done.reason is Reason.LENGTH and m.done.stats.predicted_n < self.cfg.max_tokens:
+        elif isinstance(event, Done):
+            if event.reason is Reason.LENGTH and event.stats.predicted_n < self.cfg.max_tokens:
                 self.notify("The context is full: the answer stops here. Start a new conversation "
                             "(Ctrl+N), or drop old messages by deleting them.", severity="warning")
-            await self.end_answer(stopped=not m.done.reason.finished, stats=stats)
-        elif time.monotonic() - self._saved_at >= SAVE_EVERY:
-            self.store.save_message(answer)
-            self._saved_at = time.monotonic()
+            await self.end_answer(stopped=not event.reason.finished,
+                                  stats=event.stats.as_dict() | {"arm": live.arm})
+        else:
+            live.add(event)
+            if event.pieces:
+                await view.append(list(event.pieces))
+                answer.text, answer.pieces = view.text, view.pieces
+            self.status(live.line())
+            if time.monotonic() - self._saved_at >= SAVE_EVERY:
+                self.store.save_message(answer)
+                self._saved_at = time.monotonic()
 
     async def end_answer(self, stopped: bool, stats: dict) -> None:
         """An answer ended (stopped: by Esc, the length or the context): saved and shown."""
@@ -546,23 +534,6 @@ class ChatApp(App):
                 self.answer.stopped = True
                 self.store.save_message(self.answer)
             self.store.close()
-
-
-def streamed(request: Request):
-    """The job that writes an answer, on the engine's thread: the engine's events gathered
-    into a Streamed item at most every UPDATE_EVERY seconds (the first text at once)."""
-    def run(engine: Engine, cancel: threading.Event):
-        live, pieces, posted = Live(), [], 0.0
-        for event in engine.generate(request, cancel):
-            if isinstance(event, Done):
-                yield Streamed(pieces, replace(live), done=event)
-                return
-            live.add(event)
-            pieces += event.pieces
-            if time.monotonic() - posted >= UPDATE_EVERY:
-                yield Streamed(pieces, replace(live))
-                pieces, posted = [], time.monotonic()
-    return run
 
 
 def export_markdown(c: Conversation, messages: list[Message]) -> str:

@@ -198,7 +198,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], drafters: list[DrafterSpec]
     anchors = anchors or []
     configs = [plain, *ours, *[Config(a.name, a.kind) for a in anchors]]
     anchor_of = {cfg.name: a for cfg, a in zip(configs[1 + len(ours):], anchors)}
-    store = engine.drafters.suffix_store(":memory:") if engine.cfg.store == ":memory:" else None
+    store = engine.drafters.suffix_store() if engine.cfg.store.kind == "memory" else None
     if store is not None:
         store.rollback(0)  # what generating the warm answers taught it, among others
         for doc in warm:

@@ -11,12 +11,29 @@ from __future__ import annotations
 import numpy as np
 
 from localspec.control.cascade import PLAIN, Cascade, CascadeConfig
+from typing import Callable
+
 from localspec.drafters.base import Budget, DecayingRatio, Drafter
+from localspec.drafters.loaded import Drafters
+from localspec.drafters.spec import DrafterSpec
 from localspec.llama.cost import CostCurve
 from localspec.verify import DraftTree
 
 # What runs an iteration: the drafter, its budget, and its proposal.
 Choice = tuple[Drafter, Budget, DraftTree]
+
+
+def controller_for(spec: DrafterSpec, drafters: Drafters, curve: Callable[[], CostCurve],
+                   n_seq_max: int) -> Plain | Fixed | CascadeController:
+    """What runs requests with this spec, its drafters built (the ones that cannot be had say
+    so here, before `curve` is asked for: measuring it may take seconds)."""
+    if spec.kind == "none":
+        return Plain()
+    if spec.kind != "auto":
+        drafter = drafters.get(spec)
+        return Fixed(drafter, Budget(curve(), n_seq_max, spec.k, static=spec.k is not None), spec.label)
+    members = {d.label: drafters.get(d) for d in spec.members or drafters.available()}
+    return CascadeController(members, curve(), n_seq_max)
 
 
 class Plain:

@@ -24,16 +24,41 @@ HELP = ("auto[:D+D...] (the default: Cascade picks the drafter and K per request
 
 
 @dataclass(frozen=True)
+class Head:
+    """The acceptance head a draft model or Jakiro drafter runs with, parsed once from
+    `head=`: auto (the one trained for the pair, if any), on (that one, which must exist),
+    off (none), or a FILE."""
+    choice: str = "auto"  # auto | on | off | file
+    file: str = ""
+
+    @classmethod
+    def parse(cls, text: str | Head) -> Head:
+        if isinstance(text, Head):
+            return text
+        return cls(text) if text in ("auto", "on", "off") else cls("file", text)
+
+    @property
+    def required(self) -> bool:
+        return self.choice == "on"
+
+    def render(self, short: bool) -> str:
+        return self.choice if self.choice != "file" else Path(self.file).stem if short else self.file
+
+
+@dataclass(frozen=True)
 class DrafterSpec:
     kind: str                 # one of KINDS
     model: str = ""           # draft: MODEL, jakiro: FILE, suffix: DIR; "" for the default
     k: int | None = None      # a static K: always up to K draft tokens, all verified
-    head: str = "auto"        # draft, jakiro: auto (if trained) | on (must exist) | off | FILE
+    head: Head = Head()       # draft, jakiro: the acceptance head (Head.parse takes it written out)
     width: int = 4            # jakiro: nodes expanded per depth
     branch: int = 2           # jakiro: tokens per branch
     cepd: bool = True         # jakiro: contrastive parallel decoding for the last two steps
     full_vocab: bool = False  # jakiro: score every target token, not its draft vocabulary
     members: tuple[DrafterSpec, ...] = ()  # auto: () for every drafter available
+
+    def __post_init__(self):
+        object.__setattr__(self, "head", Head.parse(self.head))
 
     @staticmethod
     def parse(text: str) -> DrafterSpec:
@@ -95,8 +120,7 @@ class DrafterSpec:
                 + "".join("," + o for o in options) + (f"@{self.k}" if self.k else ""))
 
     def _options(self, short: bool) -> dict[str, str]:
-        head = Path(self.head).stem if short and self.head not in ("auto", "on", "off") else self.head
-        options = {"head": head}
+        options = {"head": self.head.render(short)}
         if self.kind == "jakiro":
             options |= {"width": str(self.width), "branch": str(self.branch),
                         "cepd": "on" if self.cepd else "off",
@@ -119,7 +143,7 @@ NONE = DrafterSpec("none")
 def _option(spec: DrafterSpec, key: str, value: str, pair: str) -> DrafterSpec:
     jakiro = spec.kind == "jakiro"
     if key == "head" and value:
-        return replace(spec, head=value)
+        return replace(spec, head=Head.parse(value))
     if jakiro and key in ("width", "branch") and value.isdigit() and int(value) >= 1:
         return replace(spec, **{key: int(value)})
     if jakiro and key == "cepd" and value in ("on", "off"):

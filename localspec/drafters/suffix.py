@@ -21,6 +21,7 @@ import os
 import struct
 import sys
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,33 @@ def store_dir(tokenizer: str) -> Path:
     """The default store for a tokenizer (LOCALSPEC_SUFFIX_DIR moves them all)."""
     root = os.environ.get("LOCALSPEC_SUFFIX_DIR")
     return (Path(root) if root else paths.cache_dir() / "suffix") / tokenizer[:16]
+
+
+@dataclass(frozen=True)
+class StoreSetting:
+    """Where an engine's suffix store keeps the answers it learns, parsed once from what a
+    caller writes: "" (the target tokenizer's folder in the cache directory), a directory,
+    ":memory:" (kept by nothing: benchmarks, which roll it back) or "off" (no store)."""
+    kind: str = "default"  # default | directory | memory | off
+    directory: Path | None = None
+
+    @classmethod
+    def parse(cls, text: str | StoreSetting) -> StoreSetting:
+        if isinstance(text, StoreSetting):
+            return text
+        if text in ("", "default", "off"):
+            return cls(text or "default")
+        return cls("memory") if text == ":memory:" else cls("directory", Path(text).expanduser())
+
+    @property
+    def off(self) -> bool:
+        return self.kind == "off"
+
+    def folder(self, tokenizer: str) -> Path | None:
+        """The store's folder for a target with this tokenizer (None: in memory)."""
+        if self.off:
+            raise LocalspecError("the suffix store is off for this engine")
+        return {"default": store_dir(tokenizer), "directory": self.directory}.get(self.kind)
 
 
 class SuffixStore:

@@ -274,14 +274,23 @@ def quick_measure(ctx: Context, max_batch: int = MAX_BATCH, n_context: int = 256
             break
         times[n] = min(time_batch(ctx, filler, n_context, n) for _ in range(2))
     ctx.clear()
-    sizes = sorted(times)
-    seconds = np.interp(range(1, max_batch + 1), sizes, [times[n] for n in sizes])
-    if sizes[-1] < max_batch:  # along the last measured slope
-        slope = (times[sizes[-1]] - times[sizes[-2]]) / (sizes[-1] - sizes[-2])
-        seconds[sizes[-1]:] = times[sizes[-1]] + slope * np.arange(1, max_batch - sizes[-1] + 1)
     known = _read_exactness(ctx)
-    return CostCurve(non_decreasing(seconds), n_context, *(known or (0.0, 1)),
+    return CostCurve(fill_curve(times, max_batch), n_context, *(known or (0.0, 1)),
                      measured_at=time.strftime("%Y-%m-%d %H:%M:%S"), coarse=True)
+
+
+def fill_curve(times: dict[int, float], max_batch: int) -> list[float]:
+    """A curve of 1..max_batch from the sizes timed (at least two): made non-decreasing first,
+    then interpolated, and beyond the largest extended along the last slope. Non-decreasing
+    before extending: a busy moment that made the largest size time below the one before gave
+    a falling slope, which ran below zero by 64 tokens and priced every batch there."""
+    sizes = sorted(times)
+    measured = non_decreasing([times[n] for n in sizes])
+    seconds = np.interp(range(1, max_batch + 1), sizes, measured)
+    if sizes[-1] < max_batch:
+        slope = (measured[-1] - measured[-2]) / (sizes[-1] - sizes[-2])
+        seconds[sizes[-1]:] = measured[-1] + slope * np.arange(1, max_batch - sizes[-1] + 1)
+    return seconds.tolist()
 
 
 def plain_step_seconds(ctx: Context, filler: list[int], n_past: int, n: int = 16,
@@ -418,8 +427,11 @@ def cost_curve(ctx: Context, max_batch: int = MAX_BATCH, refresh: bool = False, 
     start. `quick`: where no whole curve is cached, a coarse one (quick_measure) does."""
     path = cache_path(ctx)
     again = False
-    if path.exists() and not refresh:
-        curve = read_curve(path)
+    try:
+        curve = read_curve(path) if path.exists() and not refresh else None
+    except LocalspecError:  # a cached curve that is not one: measured again, and replaced
+        curve = None
+    if curve is not None:
         if curve.coarse:
             if quick:
                 return curve
@@ -500,10 +512,14 @@ def read_curve(path: Path) -> CostCurve:
             data = json.loads(text)
         except json.JSONDecodeError:
             data = _from_table(text)
-        return CostCurve([float(x) for x in data["seconds"]], int(data["n_context"]),
-                         float(data.get("discrepancy", 0.0)), int(data.get("exact_batch", 1)),
-                         tuple(float(x) for x in data.get("per_context", ())),
-                         str(data.get("measured_at", "")), bool(data.get("coarse", False)))
+        curve = CostCurve([float(x) for x in data["seconds"]], int(data["n_context"]),
+                          float(data.get("discrepancy", 0.0)), int(data.get("exact_batch", 1)),
+                          tuple(float(x) for x in data.get("per_context", ())),
+                          str(data.get("measured_at", "")), bool(data.get("coarse", False)))
+        if not curve.seconds or not all(0 < x < math.inf for x in curve.seconds) or \
+                not all(0 <= x < math.inf for x in curve.per_context) or curve.n_context < 0:
+            raise ValueError("its times must be positive and finite")
+        return curve
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise LocalspecError(f"{path}: not a cost curve ({e})") from None
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
+from localspec.errors import LocalspecError
 from localspec.llama.context import Context
 from localspec.llama.cost import (LONG_CONTEXT, MAX_BATCH, CostCurve, LiveCurve, cache_path, cost_curve, exactness,
                                   keep, measure, planning_curve, record_loop)
@@ -23,13 +24,14 @@ REFINE_IDLE = 1.0  # seconds without a request before the whole curve's measurem
 
 class Planning:
     def __init__(self, ctx: Context, lock: threading.Lock, progress: Progress, curve_file: str = "",
-                 flat: bool = False, whole: bool = False, refine: bool = True):
+                 flat: bool = False, whole: bool = False, refine: bool = True, strict: bool = False):
         """`ctx`: the engine's context a curve is measured in and cached for; `lock`: its
         request lock, whose holder sets `idle_since` when a request ends. The rest as
-        EngineConfig's curve, flat_cost, whole_curve and refine_curve say."""
+        EngineConfig's curve, flat_cost, whole_curve, refine_curve and strict say."""
         self.ctx, self.lock, self.progress = ctx, lock, progress
         self.idle_since = time.monotonic()
         self.curve_file, self.flat, self.whole, self.refine = curve_file, flat, whole, refine
+        self.strict = strict
         self._curve: CostCurve | LiveCurve | None = None
         self._closing = threading.Event()
         self._refiner: threading.Thread | None = None
@@ -58,6 +60,17 @@ class Planning:
         curve = self.curve
         coarse = getattr(curve, "base", curve).coarse
         return exactness(self.ctx) if coarse else (curve.discrepancy, curve.exact_batch)
+
+    def strict_limits(self, temperature: float) -> tuple[float, int | None]:
+        """What verification keeps to under --strict, to be bit-identical to plain decoding:
+        (a bound below which a near-tie is settled by a single token, the largest batch), the
+        batches that reproduce single tokens where there are any, else the bound."""
+        if not self.strict:
+            return 0.0, None
+        if temperature > 0:
+            raise LocalspecError("--strict applies to greedy decoding (temperature 0)")
+        discrepancy, exact_batch = self.exactness
+        return (0.0, exact_batch) if exact_batch >= 2 else (discrepancy * 2, None)
 
     def _refine(self) -> None:
         """The whole cost curve, measured in a context of its own between requests, then

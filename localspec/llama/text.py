@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import date
+from typing import Sequence
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -11,23 +12,69 @@ from localspec.llama.model import Model
 from localspec.errors import LocalspecError
 
 
-class StreamDecoder:
-    """Turns tokens into text as they come, never emitting half a UTF-8 character:
-    bytes of an incomplete character wait for the token that completes it."""
+class TextStream:
+    """Tokens in, text out: never half a UTF-8 character (its bytes wait for the token that
+    completes it), never any part of a stop string (text that could begin one waits until it
+    cannot), each run of text marked with where its tokens came from. The text ends before the
+    first stop string to appear in full."""
 
-    def __init__(self, model: Model):
+    def __init__(self, model: Model, stops: Sequence[str] = ()):
         self.model = model
-        self.pending = b""
+        self.stops = [s for s in stops if s]
+        self.pending = b""  # an incomplete character
+        self.held: list[list] = []  # [text, source] runs not yet given out
+        self.text = ""  # everything given out
+        self.stopped = False
+        self.matched = ""  # the stop string found
+        self._out: list[tuple[str, str | None]] = []
 
-    def feed(self, token: int) -> str:
+    def feed(self, token: int, source: str | None = None) -> None:
         self.pending += self.model.token_bytes(token)
         n = complete_utf8_prefix(self.pending)
-        text, self.pending = self.pending[:n].decode("utf-8", "replace"), self.pending[n:]
-        return text
+        new, self.pending = self.pending[:n].decode("utf-8", "replace"), self.pending[n:]
+        if new and not self.stopped:
+            self._hold(new, source)
 
-    def flush(self) -> str:
-        text, self.pending = self.pending.decode("utf-8", "replace"), b""
-        return text
+    def take(self, final: bool = False) -> tuple[tuple[str, str | None], ...]:
+        """The runs of text given out since the last call (at the end, all that is held)."""
+        if final and not self.stopped:
+            rest, self.pending = self.pending.decode("utf-8", "replace"), b""
+            if rest:
+                self.held.append([rest, None])
+            self._release(sum(len(t) for t, _ in self.held))
+        out, self._out = tuple(self._out), []
+        return out
+
+    def _hold(self, new: str, source: str | None) -> None:
+        if self.held and self.held[-1][1] == source:
+            self.held[-1][0] += new
+        else:
+            self.held.append([new, source])
+        held = "".join(t for t, _ in self.held)
+        found = [(i, s) for i, s in ((held.find(s), s) for s in self.stops) if i >= 0]
+        if found:
+            at, self.matched = min(found)
+            self._release(at)
+            self.held, self.stopped = [], True
+            return
+        # Keep back the longest end of the text that begins a stop string.
+        keep = max((k for s in self.stops for k in range(1, len(s)) if held.endswith(s[:k])), default=0)
+        self._release(len(held) - keep)
+
+    def _release(self, n: int) -> None:
+        while n > 0 and self.held:
+            text, source = self.held[0]
+            part = text[:n]
+            if self._out and self._out[-1][1] == source:
+                self._out[-1] = (self._out[-1][0] + part, source)
+            else:
+                self._out.append((part, source))
+            self.text += part
+            n -= len(part)
+            if len(part) == len(text):
+                self.held.pop(0)
+            else:
+                self.held[0][0] = text[len(part):]
 
 
 def complete_utf8_prefix(data: bytes) -> int:

@@ -10,8 +10,8 @@ import json
 import threading
 import time
 import uuid
-from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import AsyncIterator, Callable, Iterable, Iterator
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
@@ -216,33 +216,28 @@ def create_app(worker: Worker, cfg: ServeConfig = ServeConfig()) -> FastAPI:
         settings = {**defaults(e), **sampling_json(request.sampling), "n_predict": body.n_predict or -1,
                     "n_ctx": e.ctx.n_ctx, "stream": body.stream, "stop": list(request.stop)}
 
-        def final(text: str, done: Done | None, kept: int) -> dict:
+        def final(text: str, done: Done | None) -> dict:
             stats = done.stats if done else Stats()
             reason, word = stop_type(done, limits)
             res = {"index": 0, "content": text, "tokens": [], "id_slot": 0, "stop": True,
                    "model": model_name(e), "tokens_predicted": stats.predicted_n,
                    "tokens_evaluated": len(tokens), "generation_settings": settings,
                    "prompt": "", "has_new_line": "\n" in text, "truncated": False,
-                   "stop_type": reason, "stopping_word": word, "tokens_cached": kept,
+                   "stop_type": reason, "stopping_word": word, "tokens_cached": done.cached if done else 0,
                    "timings": timings(stats)}
             return pick(res, body.response_fields)
 
         if body.stream:
             async def events():
-                async for item in follow(job, http):
-                    if isinstance(item, tuple):  # the end: (done, tokens kept)
-                        yield final("", *item)
-                    elif item:
-                        yield {"index": 0, "content": item, "tokens": [], "stop": False, "id_slot": 0,
+                async for event in follow(job, http):
+                    if isinstance(event, Done):
+                        yield final("", event)
+                    elif event.text:
+                        yield {"index": 0, "content": event.text, "tokens": [], "stop": False, "id_slot": 0,
                                "tokens_predicted": 0, "tokens_evaluated": len(tokens)}
             return sse(events())
-        text, end = "", (None, 0)
-        async for item in follow(job, http):
-            if isinstance(item, tuple):
-                end = item
-            else:
-                text += item
-        return JSON(final(text, *end))
+        text, done = await gather(job, http)
+        return JSON(final(text, done))
 
     # --- OpenAI's ---------------------------------------------------------------------------
 
@@ -291,11 +286,10 @@ def create_app(worker: Worker, cfg: ServeConfig = ServeConfig()) -> FastAPI:
                     yield {"choices": [{"finish_reason": None, "index": 0,
                                         "delta": {"role": "assistant", "content": ""}}],
                            **common, "object": "chat.completion.chunk"}
-                async for item in follow(job, http):
-                    if isinstance(item, tuple):
-                        done = item[0]
-                        stats = done.stats if done else Stats()
-                        last = {"choices": [choice(None if chat else "", finish_reason(done))], **common,
+                async for event in follow(job, http):
+                    if isinstance(event, Done):
+                        stats = event.stats
+                        last = {"choices": [choice(None if chat else "", finish_reason(event))], **common,
                                 "object": kind + ".chunk" if chat else kind}
                         include = body.stream_options is not None and body.stream_options.include_usage
                         if not chat or not include:
@@ -305,17 +299,12 @@ def create_app(worker: Worker, cfg: ServeConfig = ServeConfig()) -> FastAPI:
                             yield last
                             yield {"choices": [], **common, "object": kind + ".chunk",
                                    "usage": usage(stats), "timings": timings(stats)}
-                    elif item:
-                        yield {"choices": [choice(item, None)], **common,
+                    elif event.text:
+                        yield {"choices": [choice(event.text, None)], **common,
                                "object": kind + ".chunk" if chat else kind}
                 yield "[DONE]"
             return sse(events())
-        text, done = "", None
-        async for item in follow(job, http):
-            if isinstance(item, tuple):
-                done = item[0]
-            else:
-                text += item
+        text, done = await gather(job, http)
         stats = done.stats if done else Stats()
         return JSON({"choices": [choice(text, finish_reason(done), final=True)], **common, "object": kind,
                      "usage": usage(stats), "timings": timings(stats)})
@@ -388,27 +377,34 @@ class Limits:
 
 
 def run_request(request: Request, limits: Limits, warm: bool) -> Callable[[Engine, threading.Event], Iterable]:
-    """The worker's part: text pieces, then (Done, tokens left in the cache). n_predict 0 only
-    puts the prompt in the cache (an editor's warm-up)."""
-    def run(e: Engine, cancel: threading.Event) -> Iterable:
+    """The worker's part: the engine's events, each Delta's text cut where an editor's limits
+    end the completion. n_predict 0 only puts the prompt in the cache (an editor's warm-up)."""
+    def run(e: Engine, cancel: threading.Event) -> Iterator[Delta | Done]:
         if warm:
-            stats = e.prefill(request)
-            yield (Done(Reason.LENGTH, "", [], stats), len(e.ctx.tokens))
+            yield e.prefill(request)
             return
-        done = None
         for event in e.generate(request, cancel):
             if isinstance(event, Delta):
                 if limits.hit:
                     continue
                 kept = limits.take(event.text)
-                if kept:
-                    yield kept
                 if limits.hit:
                     cancel.set()
-            else:
-                done = event
-        yield (done, len(e.ctx.tokens))
+                if kept != event.text:
+                    event = replace(event, pieces=((kept, None),))
+            yield event
     return run
+
+
+async def gather(job: Job, http: HTTPRequest) -> tuple[str, Done | None]:
+    """A job's whole text and its end, for an answer that is not streamed."""
+    text, done = "", None
+    async for event in follow(job, http):
+        if isinstance(event, Done):
+            done = event
+        else:
+            text += event.text
+    return text, done
 
 
 async def follow(job: Job, http: HTTPRequest) -> AsyncIterator:
