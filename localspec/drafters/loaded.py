@@ -62,7 +62,7 @@ class Drafters:
             if spec.kind == "lookup":
                 d: Drafter = LookupDrafter()
             elif spec.kind == "suffix":
-                d = SuffixDrafter(self.suffix_store(StoreSetting.parse(spec.model) if spec.model else None))
+                d = SuffixDrafter(self.suffix_store(spec.model or None))
             elif spec.kind in ("draft", "draft-tree"):
                 ctx = self._draft_context(store.resolve(spec.model or DEFAULT_DRAFT_MODEL))
                 d = DraftModelDrafter(ctx, self.model, width=4 if spec.kind == "draft-tree" else 1,
@@ -76,9 +76,9 @@ class Drafters:
             self._drafters[key] = d
         return self._drafters[key]
 
-    def suffix_store(self, where: StoreSetting | None = None) -> SuffixStore:
+    def suffix_store(self, where: StoreSetting | str | None = None) -> SuffixStore:
         """The suffix store `where` says (None: the engine's), opened on first use."""
-        where = where or self.store_setting
+        where = self.store_setting if where is None else StoreSetting.parse(where)
         if where not in self._stores:
             tokenizer = self.model.tokenizer_hash
             self._stores[where] = SuffixStore(where.folder(tokenizer), tokenizer)
