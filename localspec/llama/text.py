@@ -32,8 +32,14 @@ class TextStream:
         self.pending += self.model.token_bytes(token)
         n = complete_utf8_prefix(self.pending)
         new, self.pending = self.pending[:n].decode("utf-8", "replace"), self.pending[n:]
-        if new and not self.stopped:
+        if not new or self.stopped:
+            return
+        if self.stops:
             self._hold(new, source)
+        else:  # nothing to hold back (most requests): out at once, once per token
+            self._out.append((new, source))
+            self.text += new
+            self._merge()
 
     def take(self, final: bool = False) -> tuple[tuple[str, str | None], ...]:
         """The runs of text given out since the last call (at the end, all that is held)."""
@@ -61,14 +67,18 @@ class TextStream:
         keep = max((k for s in self.stops for k in range(1, len(s)) if held.endswith(s[:k])), default=0)
         self._release(len(held) - keep)
 
+    def _merge(self) -> None:
+        """The run just given out joins the one before when their tokens came from the same place."""
+        if len(self._out) > 1 and self._out[-2][1] == self._out[-1][1]:
+            (text, source), (more, _) = self._out[-2:]
+            self._out[-2:] = [(text + more, source)]
+
     def _release(self, n: int) -> None:
         while n > 0 and self.held:
             text, source = self.held[0]
             part = text[:n]
-            if self._out and self._out[-1][1] == source:
-                self._out[-1] = (self._out[-1][0] + part, source)
-            else:
-                self._out.append((part, source))
+            self._out.append((part, source))
+            self._merge()
             self.text += part
             n -= len(part)
             if len(part) == len(text):
