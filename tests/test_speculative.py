@@ -157,7 +157,7 @@ def test_draft_model_greedy_identical_to_plain(target, reference, small_path, wi
     with Model(small_path) as dm, draft_context(dm, 2048, 1) as dctx:
         drafter = DraftModelDrafter(dctx, target.model, width=width)
         stats = Stats()
-        for p in PROMPTS[width == 1::2]:
+        for p in (PROMPTS[1::2] if width == 1 else PROMPTS[::2]):
             assert speculative(target, drafter, target.model.tokenize(p), stats=stats) == reference[p], p
     assert stats.draft_n_accepted > 500
     if width > 1:

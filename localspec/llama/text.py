@@ -36,10 +36,8 @@ class TextStream:
             return
         if self.stops:
             self._hold(new, source)
-        else:  # nothing to hold back (most requests): out at once, once per token
-            self._out.append((new, source))
-            self.text += new
-            self._merge()
+        else:  # nothing to hold back (most requests): out at once
+            self._give(new, source)
 
     def take(self, final: bool = False) -> tuple[tuple[str, str | None], ...]:
         """The runs of text given out since the last call (at the end, all that is held)."""
@@ -67,19 +65,19 @@ class TextStream:
         keep = max((k for s in self.stops for k in range(1, len(s)) if held.endswith(s[:k])), default=0)
         self._release(len(held) - keep)
 
-    def _merge(self) -> None:
-        """The run just given out joins the one before when their tokens came from the same place."""
-        if len(self._out) > 1 and self._out[-2][1] == self._out[-1][1]:
-            (text, source), (more, _) = self._out[-2:]
-            self._out[-2:] = [(text + more, source)]
+    def _give(self, text: str, source: str | None) -> None:
+        """Give `text` out: it joins the run before when its tokens came from the same place."""
+        if self._out and self._out[-1][1] == source:
+            self._out[-1] = (self._out[-1][0] + text, source)
+        else:
+            self._out.append((text, source))
+        self.text += text
 
     def _release(self, n: int) -> None:
         while n > 0 and self.held:
             text, source = self.held[0]
             part = text[:n]
-            self._out.append((part, source))
-            self._merge()
-            self.text += part
+            self._give(part, source)
             n -= len(part)
             if len(part) == len(text):
                 self.held.pop(0)
