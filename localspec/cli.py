@@ -63,6 +63,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--curve", metavar="FILE", default="",
                    help="plan drafts with this cost curve (JSON as `localspec cost` caches it, "
                         "another machine's say) instead of this machine's")
+    p.add_argument("--draft-curve", metavar="FILE", default="",
+                   help="with --curve: price the drafters' own forwards (a draft model's, "
+                        "Jakiro's) on this curve, as they would run on that machine")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -97,7 +100,7 @@ drafter_spec = arg_type(DrafterSpec.parse)
 def engine_config(a: argparse.Namespace, drafters: list[DrafterSpec]):
     from localspec.engine import EngineConfig
     return EngineConfig(a.model, a.ctx, a.threads, a.gpu_layers, a.flash_attn, strict=a.strict,
-                        flat_cost=a.flat_cost, curve=a.curve, drafter=drafters[0],
+                        flat_cost=a.flat_cost, curve=a.curve, draft_curve=a.draft_curve, drafter=drafters[0],
                         argmax_on_device=a.argmax == "device",
                         features=any(d.uses_features for d in drafters) or None, rpc=a.rpc)
 
@@ -403,7 +406,8 @@ def cmd_bench(a: argparse.Namespace) -> None:
     projected_on = engine.curve if a.curve else None
     if projected_on is not None:
         title += (f"\nprojected: every forward priced on the curve in {a.curve} (its batch at its "
-                  "context), plus the host time measured here; tokens/s and speedup are this machine's")
+                  "context), " + (f"the drafters' forwards on {a.draft_curve}, " if a.draft_curve else "")
+                  + "plus the host time measured here; tokens/s and speedup are this machine's")
     print(f"\n{title}\n\n{report.table(configs, projected_on)}")
     ceiling = report.ceiling_line(configs)
     if ceiling:
@@ -412,7 +416,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
     meta = {"model": str(engine.model.path), "workload": cfg.workload, "n": len(prompts),
             "max_tokens": cfg.max_tokens, "temperature": sampling.temperature, "repeat": cfg.repeat,
             "seed": sampling.seed, "discrepancy": engine.exactness[0],
-            "projected_on": a.curve or None, "argv": sys.argv[1:]}
+            "projected_on": a.curve or None, "drafts_priced_on": a.draft_curve or None, "argv": sys.argv[1:]}
     if cfg.json_out:
         report.write_json(configs, meta, Path(cfg.json_out), projected_on)
     if cfg.chart:

@@ -18,13 +18,14 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from localspec import store
 from localspec.control.controllers import controller_for
+from localspec.drafters.base import Ledger
 from localspec.drafters.loaded import Drafters, needs_features
 from localspec.drafters.spec import AUTO, DrafterSpec
 from localspec.drafters.suffix import StoreSetting
 from localspec.errors import LocalspecError
 from localspec.llama import Model
 from localspec.llama.context import ContextConfig, default_threads
-from localspec.llama.cost import CostCurve, LiveCurve
+from localspec.llama.cost import CostCurve, LiveCurve, read_curve
 from localspec.llama.model import LogHandler, set_log_handler
 from localspec.llama.placement import ALL_LAYERS, layers_that_fit, where
 from localspec.llama.planning import Planning
@@ -55,6 +56,9 @@ class EngineConfig:
     # A cost curve file (the JSON `localspec cost` caches, another machine's say) to plan with
     # instead of this machine's; held as it is, not corrected by this machine's forwards.
     curve: str = ""
+    # With `curve`: a cost curve file the drafters' own forwards (a draft model's, Jakiro's
+    # layer) are priced on, as they would run on that machine (empty: what they take here).
+    draft_curve: str = ""
     drafter: DrafterSpec = AUTO  # what requests that name none run
     # The target's hidden states, for feature drafters (Jakiro); None: when `drafter` may
     # run one (auto does when a Jakiro drafter ships for the target).
@@ -178,6 +182,9 @@ class Engine:
         self.cfg = cfg
         self.progress = progress or (lambda what, done, total: None)
         self.loads: collections.Counter[str] = collections.Counter()  # model files loaded
+        if cfg.draft_curve and not cfg.curve:
+            raise LocalspecError("--draft-curve prices the drafters beside the target's --curve: give both")
+        ledger = Ledger(read_curve(Path(cfg.draft_curve)).price if cfg.draft_curve else None)
         path = store.resolve(cfg.model)
         # What the engine's parts hold of it is no reference back to it (load is no bound
         # method): an engine a script never closes is freed with its script's globals, before
@@ -192,7 +199,7 @@ class Engine:
         self.ctx = self.slots.contexts[0]  # the slot the last request ran in
         self._lock = threading.Lock()
         self._owner: int | None = None
-        self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, load, self.loads)
+        self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, load, self.loads, ledger)
         self.planning = Planning(self.ctx, self._lock, self.progress, cfg.curve, cfg.flat_cost, cfg.whole_curve,
                                  cfg.refine_curve, cfg.strict)
         self._cascades: dict[DrafterSpec, Controller] = {}  # auto's keep what they learnt
@@ -268,7 +275,8 @@ class Engine:
         if not request.cache:
             ctx.clear()
         options = RunOptions(not request.ignore_eog, tie_bound, max_batch, self._reading,
-                             None if plain else getattr(self.curve, "observe", None), self.planning.price())
+                             None if plain else getattr(self.curve, "observe", None), self.planning.price(),
+                             self.drafters.ledger)
         steps = run(ctx, controller, tokens, request.sampling, request.max_tokens, stats, options)
         with contextlib.closing(steps):
             while reason is None and (it := None if cancel.is_set() else next(steps, None)) is not None:

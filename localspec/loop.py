@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Protocol, Sequence
 
 from localspec.control.controllers import Plain
-from localspec.drafters.base import Budget, Drafter
+from localspec.drafters.base import Budget, Drafter, Ledger
 from localspec.llama.context import Context
 from localspec.sampling import SamplingConfig, TokenSampler
 from localspec.verify import DraftTree, accept, launch
@@ -96,13 +96,15 @@ class Iteration:
     n_drafted: int       # draft tokens verified
     seconds: float
     tree: DraftTree      # what was verified (empty: a plain step)
-    forward_seconds: float = 0.0  # of `seconds`, the target's forwards (the rest is the host's)
+    forward_seconds: float = 0.0  # of `seconds`, the target's forwards
+    draft_seconds: float = 0.0    # ... and the drafter's own (the rest is the host's)
+    draft_charged: float = 0.0    # what those are charged (Ledger: priced on another curve)
 
     @property
     def host_seconds(self) -> float:
-        """What the iteration spent outside the target's forward: drafting, sizing, acceptance,
-        KV edits, bookkeeping (a GPU's forward does not hide it)."""
-        return self.seconds - self.forward_seconds
+        """What the iteration spent outside the forwards: drafting, sizing, acceptance, KV
+        edits, bookkeeping (a GPU's forward does not hide it)."""
+        return self.seconds - self.forward_seconds - self.draft_seconds
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,8 @@ class RunOptions:
     # Batch size, context -> seconds on another machine's curve: the controller hears each
     # iteration's time with its forward priced so, as if it ran there.
     price: Callable[[int, int], float] | None = None
+    # Where the drafters book their own forwards: the controller hears them as charged there.
+    ledger: Ledger | None = None
 
 
 def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: SamplingConfig,
@@ -130,7 +134,7 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
     """Generate up to `max_tokens` after `prompt`, an iteration at a time. Closing the
     generator between iterations leaves the KV cache holding exactly ctx.tokens."""
     tie_bound, max_batch, stop_at_eog = options.tie_bound, options.max_batch, options.stop_at_eog
-    progress, on_forward, price = options.progress, options.on_forward, options.price
+    progress, on_forward, price, ledger = options.progress, options.on_forward, options.price, options.ledger
     t0 = time.perf_counter()
     stats = stats if stats is not None else Stats()
     prompt = list(prompt)
@@ -166,8 +170,9 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
     n_out = 1
     pending = [first]  # emitted, not yet in the KV cache; the last is the next tree's root
 
-    def launch_next() -> tuple[DraftTree, Drafter | None, str, str, int, int]:
+    def launch_next() -> tuple[DraftTree, Drafter | None, str, str, int, int, float, float]:
         """Choose, draft and size the next iteration's tree and start its forward."""
+        booked = (ledger.measured, ledger.charged) if ledger else (0.0, 0.0)
         context = ctx.tokens + pending
         room = min(max_tokens - n_out - 1, ctx.n_ctx - len(context) - 1,
                    (max_batch or ctx.n_ctx) - len(pending))
@@ -177,7 +182,8 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
             drafter, budget, proposal = choice
             tree = budget.size(proposal)
         launch(ctx, tree, pending, all_pending_rows=bool(followers))
-        return tree, drafter, controller.arm, controller.phase, len(ctx.tokens), len(pending)
+        drafted = (ledger.measured - booked[0], ledger.charged - booked[1]) if ledger else booked
+        return tree, drafter, controller.arm, controller.phase, len(ctx.tokens), len(pending), *drafted
 
     # The next iteration's forward is launched before this one is handed out: on a GPU the
     # device computes it while the caller turns this one into text and events.
@@ -185,7 +191,7 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
     try:
         flight = None if ended else launch_next()
         while flight is not None:
-            tree, drafter, arm, phase, n_past, n_pending = flight
+            tree, drafter, arm, phase, n_past, n_pending, draft_seconds, draft_charged = flight
             verdict = accept(ctx, tree, sampler, tie_bound)
             forward = verdict.seconds
             if on_forward:
@@ -215,7 +221,9 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
                     break
             t_end = time.perf_counter()
             seconds, t_iter = t_end - t_iter, t_end
-            priced = seconds if price is None else seconds - forward + price(n_pending + len(tree), n_past)
+            priced = seconds - draft_seconds + draft_charged
+            if price is not None:
+                priced += price(n_pending + len(tree), n_past) - forward
             controller.record(len(emitted), priced, len(tree), len(verdict.path))
             n_out += len(emitted)
             stats.predicted_n += len(emitted)
@@ -225,7 +233,7 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
             stats.draft_n_accepted += len(verdict.path)
             stats.ran[arm] += 1
             done = Iteration(arm, phase, drafter.name if drafter else None, emitted, n_accepted,
-                             len(tree), seconds, tree, forward)
+                             len(tree), seconds, tree, forward, draft_seconds, draft_charged)
             ended = n_out >= max_tokens or (stop_at_eog and ctx.model.is_eog(emitted[-1]))
             flight = None if ended else launch_next()
             yield done

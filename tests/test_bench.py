@@ -108,15 +108,18 @@ def test_bench_repeat_and_a_session_workload_from_the_command_line(small_path, t
 def test_bench_plans_and_prices_on_another_machines_curve(small_path, tmp_path):
     """`--curve FILE`: drafts are planned with the H200's curve, every output is still checked
     against plain decoding here, and the report adds each configuration's speedup with its
-    forwards priced on that curve (plain: 1.0 by definition)."""
+    forwards priced on that curve (plain: 1.0 by definition); `--draft-curve` prices the
+    drafters' own forwards (test_speculative checks how)."""
     curve = Path(__file__).parents[1] / "docs" / "bench" / "gpu" / "h200-2026-11-26" / "curve-rand-7b.json"
     out = tmp_path / "bench.json"
     r = localspec("bench", "-m", str(small_path), "--threads", "2", "--workload", "code-edit",
                   "--limit", "1", "--max-tokens", "24", "--drafter", "lookup", "--curve", str(curve),
-                  "--json", str(out), timeout=900)
+                  "--draft-curve", str(curve), "--json", str(out), timeout=900)
     assert r.returncode == 0, r.stderr
     result = json.loads(out.read_text())
     plain, lookup = result["configs"]
     assert plain["projected_speedup"] == 1.0 and lookup["projected_speedup"] > 0
     assert lookup["identical"] == 1 and result["meta"]["projected_on"] == str(curve)
-    assert "projected: every forward priced on the curve in" in r.stdout
+    assert result["meta"]["drafts_priced_on"] == str(curve)
+    assert set(plain["ran"]) == {"plain"} and set(lookup["ran"]) == {"lookup"}  # iterations per arm
+    assert "projected: every forward priced on the curve in" in r.stdout and "the drafters' forwards on" in r.stdout

@@ -378,6 +378,8 @@ def test_a_curve_from_another_machine_as_json_or_as_the_printed_table(tmp_path):
     printed = read_curve(table)
     assert printed.seconds == [0.0044, 0.0048] and printed.n_context == 256
     assert printed.at(4096).cost(2) == pytest.approx(0.0072)
+    # A forward wider than the curve (a draft model catching up): its widest batch per token.
+    assert printed.price(1, 4096) == pytest.approx(0.0064) and printed.price(6, 256) == pytest.approx(0.0144)
     assert len(curve.seconds) == 64 and curve.per_context
     (tmp_path / "bad.json").write_text("{\"seconds\": \"fast\"}")
     (tmp_path / "negative.json").write_text("{\"seconds\": [0.01, -0.02], \"n_context\": 256}")
@@ -385,6 +387,11 @@ def test_a_curve_from_another_machine_as_json_or_as_the_printed_table(tmp_path):
                 Path(__file__).parent / "conftest.py"):
         with pytest.raises(LocalspecError, match="not a cost curve"):
             read_curve(bad)
+    from localspec.engine import Engine, EngineConfig
+    with pytest.raises(LocalspecError, match="give both"):  # before any model loads
+        Engine(EngineConfig(model=str(tmp_path / "missing.gguf"), draft_curve=str(table)))
+    with pytest.raises(LocalspecError, match="not a cost curve"):
+        Engine(EngineConfig(model=str(tmp_path / "missing.gguf"), curve=str(table), draft_curve=str(tmp_path / "bad.json")))
 
 
 def test_a_new_model_starts_on_a_quick_curve_and_measures_the_whole_one_between_requests(

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from localspec.control.controllers import Fixed
-from localspec.drafters.base import Budget
+from localspec.drafters.base import Budget, Ledger
 from localspec.drafters.draft_model import DraftModelDrafter, draft_context
 from localspec.drafters.lookup import LookupDrafter
 from localspec.errors import LocalspecError
@@ -281,3 +281,30 @@ def test_on_another_machines_curve_the_controller_hears_its_prices(small_model):
     for it, s in zip(its, heard):
         assert it.seconds < 5  # this machine's
         assert s == pytest.approx(10.0 + 1 + len(it.tree) + it.seconds - it.forward_seconds)
+
+
+def test_a_draft_models_forwards_are_charged_on_the_draft_curve(target, small_path):
+    """bench --draft-curve: the draft model's forwards are booked in the ledger and charged at
+    the draft curve's price; the controller hears them so, the iterations keep both, the host
+    time leaves them out, and the drafter plans with the charged seconds per token (here 2 s,
+    where they take milliseconds: it stops drafting once it has measured that)."""
+    heard = []
+
+    class Hearing(Fixed):
+        def record(self, tokens, seconds, drafted, accepted):
+            heard.append(seconds)
+
+    ledger = Ledger(lambda n, n_context: 1.0 + n)
+    with Model(small_path) as dm, draft_context(dm, 2048, 1) as dctx:
+        drafter = DraftModelDrafter(dctx, target.model)
+        drafter.ledger = ledger
+        its = list(run(target, Hearing(drafter, Budget(FLAT, 8), "draft"), target.model.tokenize(PROMPTS[0]),
+                       GREEDY, 16, options=RunOptions(price=lambda n, n_context: 10.0 + n, ledger=ledger)))[1:]
+    drafted = [it for it in its if it.draft_charged]
+    assert drafted and drafted[0].n_drafted > 1  # the first proposal drafts on a guessed t_token
+    for it, s in zip(its, heard):
+        assert it.draft_charged >= 2 * (it.draft_charged > 0) and it.draft_seconds < 1
+        assert it.host_seconds == pytest.approx(it.seconds - it.forward_seconds - it.draft_seconds)
+        assert s == pytest.approx(10.0 + 1 + len(it.tree) + it.host_seconds + it.draft_charged)
+    assert drafter.t_token >= 2.0
+    assert not any(it.n_drafted for it in its[len(drafted):]) and len(drafted) < len(its)

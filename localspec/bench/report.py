@@ -95,7 +95,7 @@ def to_json(configs: list[Config], meta: dict, projected_on=None) -> dict:
         "host_ms_by_batch": c.by_batch("host"), "iteration_ms_by_batch": c.by_batch("iteration"),
         "forward_ms_by_batch": c.by_batch("forward"), "forward_share": c.forward_share,
         "identical": sum(1 for r in c.ok_runs if r.identical),
-        "ties": sum(1 for r in c.ok_runs if r.tie), "n": len(c.runs),
+        "ties": sum(1 for r in c.ok_runs if r.tie), "n": len(c.runs), "ran": c.ran,
         "failed": [r.failed for r in c.runs if r.failed]} for i, c in enumerate(configs)]}
 
 

@@ -3,11 +3,12 @@ decoding in the same process, and keep the numbers a table needs."""
 
 from __future__ import annotations
 
+import collections
 import json
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -20,6 +21,16 @@ from localspec.loop import Iteration
 from localspec.llama.text import chat_tokens
 from localspec.sampling import SamplingConfig
 from localspec.serve.infill import INFILL_BATCH, INFILL_PREDICT, ExtraChunk, infill_tokens
+
+
+class Step(NamedTuple):
+    """One iteration after the prompt, as the bench keeps it."""
+    batch: int       # tokens its target forward verified (1: no draft)
+    seconds: float
+    forward: float   # of them, the target's forward
+    host: float      # ... and the host's (loop.Iteration.host_seconds)
+    context: int     # tokens in the cache before its forward
+    draft_charged: float  # the drafter's own forwards, as charged (here, or on a draft curve)
 
 
 @dataclass
@@ -38,9 +49,8 @@ class Run:
     # plain decoding's greedy answer only: (its seconds, a clairvoyant copier's) on the cost
     # curve (bench/ceiling.py)
     ceiling: tuple[float, float] | None = None
-    # Per iteration after the prompt: (batch size, its seconds, of them the target's forwards
-    # (the rest is the host's: loop.Iteration.host_seconds), the context before it).
-    iterations: list[tuple[int, float, float, int]] = field(default_factory=list)
+    iterations: list[Step] = field(default_factory=list)  # after the prompt
+    ran: dict[str, int] = field(default_factory=dict)  # iterations per arm (loop.Stats.ran)
 
 
 @dataclass
@@ -75,8 +85,8 @@ class Config:
 
     @property
     def host_ms(self) -> float | None:
-        """Median host milliseconds per iteration, outside the target's forwards."""
-        host = [s - f for r in self.ok_runs for _, s, f, _ in r.iterations]
+        """Median host milliseconds per iteration, outside the target's and drafter's forwards."""
+        host = [it.host for r in self.ok_runs for it in r.iterations]
         return float(np.median(host)) * 1e3 if host else None
 
     def by_batch(self, which: str) -> dict[int, float]:
@@ -84,21 +94,31 @@ class Config:
         of the host ("host"), of the whole iteration ("iteration") or of its forward."""
         by: dict[int, list[float]] = {}
         for r in self.ok_runs:
-            for n, s, f, _ in r.iterations:
-                by.setdefault(n, []).append({"host": s - f, "iteration": s, "forward": f}[which])
+            for it in r.iterations:
+                by.setdefault(it.batch, []).append({"host": it.host, "iteration": it.seconds, "forward": it.forward}[which])
         return {n: float(np.median(v)) * 1e3 for n, v in sorted(by.items())}
+
+    @property
+    def ran(self) -> dict[str, int]:
+        """Iterations per arm over every run ("plain", "lookup@3", "suffix sure", ...)."""
+        total: collections.Counter[str] = collections.Counter()
+        for r in self.ok_runs:
+            total.update(r.ran)
+        return dict(total.most_common())
 
     @property
     def forward_share(self) -> float | None:
         """The share of the iterations' time spent in the target's forwards."""
-        total = sum(s for r in self.ok_runs for _, s, _, _ in r.iterations)
-        return sum(f for r in self.ok_runs for _, _, f, _ in r.iterations) / total if total else None
+        total = sum(it.seconds for r in self.ok_runs for it in r.iterations)
+        return sum(it.forward for r in self.ok_runs for it in r.iterations) / total if total else None
 
     def projected_tokens_per_s(self, curve: CostCurve) -> float:
-        """Tokens per second had every forward cost what `curve` prices its batch at its
-        context (another machine's curve, say), with the host's time per iteration measured
-        here: the same drafts and acceptance, that machine's forwards."""
-        seconds = sum(curve.at(c).cost(n) + s - f for r in self.ok_runs for n, s, f, c in r.iterations)
+        """Tokens per second had every target forward cost what `curve` prices its batch at
+        its context (another machine's curve, say), with the drafters' forwards as charged
+        and the host's time per iteration measured here: the same drafts and acceptance, that
+        machine's forwards."""
+        seconds = sum(curve.price(it.batch, it.context) + it.host + it.draft_charged
+                      for r in self.ok_runs for it in r.iterations)
         return self.total("n_timed") / seconds if seconds else 0.0
 
 
@@ -116,12 +136,13 @@ def run_ours(engine: Engine, tokens: list[int], drafter: DrafterSpec, max_tokens
              sampling: SamplingConfig, on_iteration=None) -> tuple[list[int], Run]:
     engine.ctx.clear()  # every configuration starts cold: no prefix cache between them
     request = Request(prompt=tokens, sampling=sampling, max_tokens=max_tokens, drafter=drafter)
-    iterations: list[tuple[int, float, float, int]] = []
+    iterations: list[Step] = []
     n_context = [len(tokens) - 1]  # before the next forward (its root is the last token emitted)
 
     def seen(it: Iteration) -> None:
         if it.arm != "prompt":
-            iterations.append((1 + it.n_drafted, it.seconds, it.forward_seconds, n_context[0]))
+            iterations.append(Step(1 + it.n_drafted, it.seconds, it.forward_seconds, it.host_seconds,
+                                   n_context[0], it.draft_charged))
         n_context[0] += len(it.tokens)
         if on_iteration:
             on_iteration(it)
@@ -130,7 +151,7 @@ def run_ours(engine: Engine, tokens: list[int], drafter: DrafterSpec, max_tokens
     return done.tokens, Run(n_tokens=s.predicted_n, n_timed=s.predicted_n - 1,
                             seconds=s.predicted_ms / 1e3, drafted=s.draft_n, accepted=s.draft_n_accepted,
                             forwards=s.forwards + 1 if s.forwards else 0, settled=s.settled,
-                            iterations=iterations)
+                            iterations=iterations, ran=dict(s.ran))
 
 
 def near_tie(engine: Engine, prompt: list[int], plain: list[int], other: list[int]) -> bool:

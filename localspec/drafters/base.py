@@ -15,6 +15,8 @@ is fixed at construction."""
 
 from __future__ import annotations
 
+import time
+from typing import Callable
 
 from localspec.llama.context import Context
 from localspec.llama.cost import CostCurve
@@ -94,6 +96,32 @@ class Budget:
         return extra / self.curve.cost(1)
 
 
+class Ledger:
+    """The drafters' own forwards (a draft model's, Jakiro's layer): the seconds they took
+    here, and the seconds charged for them: those, or, with `price` (batch, context ->
+    seconds on another machine's curve: bench --draft-curve), what they would cost there.
+    Drafters plan with what is charged, so a draft model priced on a GPU drafts as it would
+    there, not as it can on this CPU, and the loop charges Cascade the same."""
+
+    def __init__(self, price: Callable[[int, int], float] | None = None):
+        self.price = price
+        self.measured = self.charged = 0.0
+
+    def book(self, n: int, n_context: int, t0: float, forwards: int = 1) -> float:
+        """A forward of n tokens after n_context (or `forwards` of them) ran from t0
+        (perf_counter) until now: what it is charged."""
+        seconds = time.perf_counter() - t0
+        charged = seconds if self.price is None else self.price(n, n_context) * forwards
+        self.measured += seconds
+        self.charged += charged
+        return charged
+
+    def clock(self) -> float:
+        """perf_counter with every booked forward running at its charge: a drafter's time
+        per drafted token, its host work included, as it would be there."""
+        return time.perf_counter() - self.measured + self.charged
+
+
 class Drafter:
     """The base of every drafter; each method's default does nothing."""
 
@@ -105,6 +133,7 @@ class Drafter:
     # plain decoding runs.
     free = False
     t_catch_up = 0.0  # seconds the last proposal spent catching up with the context
+    ledger = Ledger()  # where drafters with forwards of their own book them (the engine's)
 
     def begin(self, prompt: list[int], sampling: SamplingConfig) -> None:
         """A request starts from `prompt` (the whole of it) with these sampling settings."""

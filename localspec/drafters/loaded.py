@@ -11,7 +11,7 @@ from typing import Callable
 
 from localspec import store
 from localspec.drafters.acceptance_head import AcceptanceHead
-from localspec.drafters.base import Drafter
+from localspec.drafters.base import Drafter, Ledger
 from localspec.drafters.draft_model import DraftModelDrafter, check_same_vocabulary, draft_context
 from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime
 from localspec.drafters.lookup import LookupDrafter
@@ -36,11 +36,13 @@ def needs_features(spec: DrafterSpec, asked: bool | None, over_rpc: bool, target
 
 class Drafters:
     def __init__(self, target: Model, features: bool, n_ctx: int, threads: int, store_setting: StoreSetting,
-                 load: Callable[[Path], Model], loads: collections.Counter[str]):
+                 load: Callable[[Path], Model], loads: collections.Counter[str], ledger: Ledger):
         """`features`: the target's context returns hidden states (Jakiro reads them);
         `store_setting`: EngineConfig.store; `load` loads a draft model as the engine loads
-        models, and `loads` counts every file loaded."""
+        models, and `loads` counts every file loaded; `ledger`: where the drafters book their
+        forwards."""
         self.model = target
+        self.ledger = ledger
         self.features, self.n_ctx, self.threads = features, n_ctx, threads
         self.store_setting = store_setting
         self.load, self.loads = load, loads
@@ -73,6 +75,7 @@ class Drafters:
                                   head_required=spec.head.required)
             else:
                 raise LocalspecError(f"'{spec.label}' is not a drafter")
+            d.ledger = self.ledger
             self._drafters[key] = d
         return self._drafters[key]
 

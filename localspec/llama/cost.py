@@ -85,6 +85,12 @@ class CostCurve:
         """Cost of a batch of n relative to a single-token forward."""
         return self.cost(n) / self.seconds[0]
 
+    def price(self, n: int, n_context: int) -> float:
+        """Seconds for one forward of n tokens after n_context (beyond the curve's widest
+        batch, that batch's seconds per token: a long catch-up is several such batches)."""
+        s = self.seconds_at(n_context)
+        return float(s[n - 1]) if n <= len(s) else float(s[-1]) * n / len(s)
+
 
 class LiveCurve:
     """The measured curve, corrected by what the engine's forwards cost as it runs. A curve

@@ -118,8 +118,7 @@ class Planning:
         after n_context costs there, so that Cascade measures utility as it would there."""
         if not self.curve_file:
             return None
-        curve = self.curve
-        return lambda n, n_context: float(curve.seconds_at(n_context)[min(n, len(curve.seconds)) - 1])
+        return self.curve.price
 
     def after_request(self) -> None:
         """Keep how far the loop strayed from the curve beside it (cost_curve reads it)."""
