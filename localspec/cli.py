@@ -98,9 +98,13 @@ drafter_spec = arg_type(DrafterSpec.parse)
 
 
 def engine_config(a: argparse.Namespace, drafters: list[DrafterSpec]):
+    """The engine for requests that run `drafters`: the first is its default, unless auto is
+    among them (the bench's), which then is, so that auto's members are a user's auto's (the
+    Jakiro drafter that ships for the target needs the hidden states it turns on)."""
     from localspec.engine import EngineConfig
+    default = next((d for d in drafters if d.kind == "auto"), drafters[0])
     return EngineConfig(a.model, a.ctx, a.threads, a.gpu_layers, a.flash_attn, strict=a.strict,
-                        flat_cost=a.flat_cost, curve=a.curve, draft_curve=a.draft_curve, drafter=drafters[0],
+                        flat_cost=a.flat_cost, curve=a.curve, draft_curve=a.draft_curve, drafter=default,
                         argmax_on_device=a.argmax == "device",
                         features=any(d.uses_features for d in drafters) or None, rpc=a.rpc)
 

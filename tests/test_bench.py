@@ -123,3 +123,15 @@ def test_bench_plans_and_prices_on_another_machines_curve(small_path, tmp_path):
     assert result["meta"]["drafts_priced_on"] == str(curve)
     assert set(plain["ran"]) == {"plain"} and set(lookup["ran"]) == {"lookup"}  # iterations per arm
     assert "projected: every forward priced on the curve in" in r.stdout and "the drafters' forwards on" in r.stdout
+
+
+def test_the_benchs_auto_is_a_users_auto():
+    """With auto among the bench's drafters, the bench's engine defaults to it, so it decides
+    whether the target returns hidden states as a user's auto engine does (the Jakiro drafter
+    that ships for a target is then among auto's members, not only the first drafter's)."""
+    from localspec.cli import engine_config, parser
+
+    a = parser().parse_args(["bench", "--drafter", "suffix", "--drafter", "auto", "--drafter", "lookup"])
+    assert engine_config(a, a.drafter).drafter.kind == "auto"
+    a = parser().parse_args(["bench", "--drafter", "suffix", "--drafter", "lookup"])
+    assert engine_config(a, a.drafter).drafter.kind == "suffix"
