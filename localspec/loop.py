@@ -182,7 +182,7 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
             drafter, budget, proposal = choice
             tree = budget.size(proposal)
         launch(ctx, tree, pending, all_pending_rows=bool(followers))
-        drafted = (ledger.measured - booked[0], ledger.charged - booked[1]) if ledger else booked
+        drafted = (ledger.measured - booked[0], ledger.charged - booked[1]) if ledger else (0.0, 0.0)
         return tree, drafter, controller.arm, controller.phase, len(ctx.tokens), len(pending), *drafted
 
     # The next iteration's forward is launched before this one is handed out: on a GPU the

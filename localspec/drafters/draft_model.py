@@ -119,7 +119,8 @@ class DraftModelDrafter(Drafter):
         t0 = time.perf_counter()
         behind = len(context) - common_prefix(self.ctx.tokens, context)
         row = self.ctx.catch_up(context)  # what the target accepted since the last proposal
-        self.t_catch_up = self.ledger.book(max(1, behind), len(context) - max(1, behind), t0)
+        decoded = max(1, behind)  # catch_up decodes the last token at least
+        self.t_catch_up = self.ledger.book(decoded, len(context) - decoded, t0)
         if behind >= 16:
             self.t_prefill_token = self.t_catch_up / behind
         t0 = self.ledger.clock()
