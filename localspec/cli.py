@@ -101,8 +101,12 @@ def engine_config(a: argparse.Namespace, drafters: list[DrafterSpec]):
     """The engine for requests that run `drafters`: the first is its default, unless auto is
     among them (the bench's), which then is, so that auto's members are a user's auto's (the
     Jakiro drafter that ships for the target needs the hidden states it turns on)."""
+    from localspec import pull, store
     from localspec.engine import EngineConfig
     default = next((d for d in drafters if d.kind == "auto"), drafters[0])
+    # What the engine will load is pulled now: an engine only loads what is here.
+    for model in [a.model] + [m or store.DEFAULT_DRAFT_MODEL for d in drafters for m in d.draft_models]:
+        pull.resolve(model)
     return EngineConfig(a.model, a.ctx, a.threads, a.gpu_layers, a.flash_attn, strict=a.strict,
                         flat_cost=a.flat_cost, curve=a.curve, draft_curve=a.draft_curve, drafter=default,
                         argmax_on_device=a.argmax == "device",
@@ -147,7 +151,6 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def cmd_serve(a: argparse.Namespace) -> None:
     import uvicorn
 
-    from localspec import store
     from localspec.engine import Engine
     from localspec.serve.app import ServeConfig, create_app
     from localspec.worker import Worker
@@ -155,7 +158,7 @@ def cmd_serve(a: argparse.Namespace) -> None:
     if a.host not in LOOPBACK and not a.api_key:
         raise LocalspecError(f"serving on {a.host} lets other machines in: give --api-key KEY as well "
                              "(clients then send 'Authorization: Bearer KEY')")
-    store.resolve(a.model)  # a missing or unknown model fails here, in one line, before serving
+    # A missing or unknown model fails here (engine_config), in one line, before serving.
     # Two caches: an editor's completions and a chat do not evict each other.
     cfg = replace(engine_config(a, [a.drafter]), slots=2)
     def load() -> Engine:
@@ -174,13 +177,11 @@ def cmd_serve(a: argparse.Namespace) -> None:
 
 
 def cmd_pull(a: argparse.Namespace) -> None:
-    from localspec import hub, store
-    if hub.is_hub_name(a.name):
-        path = hub.pull(a.name, force=a.force)
-    elif store.looks_like_path(a.name):
-        path = store.add_local(a.name, a.as_name)
+    from localspec import found, pull, store
+    if store.looks_like_path(a.name) and not found.is_hub_name(a.name):
+        path = pull.add_local(a.name, a.as_name)
     else:
-        path = store.pull(a.name, force=a.force)
+        path = pull.pull(a.name, force=a.force)
     print(f"{path}")
 
 
@@ -279,7 +280,7 @@ class BenchConfig:
 def cmd_train(a: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from localspec.store import resolve
+    from localspec.pull import resolve
     try:
         import torch  # noqa: F401
     except ImportError as e:
@@ -297,12 +298,12 @@ def cmd_train(a: argparse.Namespace) -> None:
 def train_acceptance_head(a: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from localspec import store
+    from localspec import pull, store
     from localspec.convert import convert_checkpoint
     from localspec.train.acceptance import LABELS, HeadTrainConfig, collect, train_head
     if not a.drafter:
         raise LocalspecError("train acceptance-head needs --drafter MODEL|JAKIRO.gguf (the drafter it judges)")
-    target, drafter = store.resolve(a.target), store.resolve(a.drafter)
+    target, drafter = pull.resolve(a.target), pull.resolve(a.drafter)
     base = HeadTrainConfig(target=target, drafter=drafter, out=Path(a.out), n_sequences=a.sequences,
                            max_new=a.max_new, hidden=a.hidden, n_blocks=a.blocks, seed=a.seed,
                            n_threads=a.threads)
@@ -325,13 +326,13 @@ def cmd_convert(a: argparse.Namespace) -> None:
 def cmd_index(a: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from localspec import store
+    from localspec import pull
     from localspec.drafters.suffix import SuffixStore, index_files, store_dir, text_files
     from localspec.llama import Model
     from localspec.progress import progress_bar
 
     files = text_files([Path(p) for p in a.paths])
-    with Model(store.resolve(a.model), vocab_only=True) as model:
+    with Model(pull.resolve(a.model), vocab_only=True) as model:
         directory = Path(a.store) if a.store else store_dir(model.tokenizer_hash)
         suffix = SuffixStore(directory, model.tokenizer_hash)
         try:
@@ -354,11 +355,10 @@ def cmd_inspect(a: argparse.Namespace) -> None:
 def cmd_bench(a: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from localspec import paths, store
+    from localspec import paths, pull, store
     from localspec.bench import anchors as anchor_mod
     from localspec.bench import report, workloads
     from localspec.bench.runner import run_bench, warm_documents
-    from localspec.drafters.loaded import DEFAULT_DRAFT_MODEL
     from localspec.drafters.suffix import StoreSetting
     from localspec.engine import Engine
     from localspec.progress import StderrProgress, progress_bar
@@ -392,7 +392,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
             lookup_cache = paths.cache_dir() / "bench" / "ngram-cache.bin"
             anchor_mod.write_ngram_cache(docs, lookup_cache)
         anchors = anchor_mod.make_anchors(list(cfg.anchors), engine.model.path,
-                                          store.resolve(draft or DEFAULT_DRAFT_MODEL),
+                                          pull.resolve(draft or store.DEFAULT_DRAFT_MODEL),
                                           engine.cfg.n_ctx, engine.cfg.threads, lookup_cache,
                                           engine.cfg.rpc, engine.model.n_gpu_layers)
     trace: list = []

@@ -1,7 +1,8 @@
 """GGUF files the user already has from other tools, used in place and never copied: llama.cpp's
 `-hf` cache, LM Studio's models folder, Ollama's blobs (read through its manifests), the
 Hugging Face cache, and the folders in LOCALSPEC_MODEL_DIRS. Each gets a name `-m` takes,
-SOURCE:WHAT (`ollama:qwen2.5-coder:1.5b`, `hf:OWNER/REPO/FILE.gguf`, ...)."""
+SOURCE:WHAT (`ollama:qwen2.5-coder:1.5b`, `hf:OWNER/REPO/FILE.gguf`, ...), and a model pulled from
+the Hub is found by the name it was pulled by (hf:OWNER/REPO[:QUANT]). Nothing here downloads."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ from pathlib import Path
 
 import platformdirs
 
+from localspec.errors import LocalspecError
+
+DEFAULT_QUANT = "Q4_K_M"  # what llama-server -hf picks when no quantization is named
+SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 OLLAMA_MODEL = "application/vnd.ollama.image.model"
 LATER_PART = re.compile(r"-000(0[2-9]|[1-9]\d)-of-\d{5}\.gguf$")  # llama.cpp loads a split from its first part
 
@@ -109,3 +114,54 @@ def find(spec: str) -> Path | None:
     if spec.startswith("ollama:") and spec.count(":") == 1:
         spec += ":latest"
     return next((f.path for f in found() if f.name == spec), None)
+
+
+# --- the Hugging Face Hub's names (hub.py pulls them) ---
+
+
+def is_hub_name(spec: str) -> bool:
+    """hf:OWNER/REPO or hf:OWNER/REPO:QUANT (hf:OWNER/REPO/FILE is found.py's too)."""
+    return spec.startswith("hf:") and spec[3:].count("/") >= 1
+
+
+def parse_hub(spec: str) -> tuple[str, str | None, str | None]:
+    """hf:... -> (OWNER/REPO, QUANT or None, FILE or None)."""
+    parts = spec[3:].split("/")
+    if len(parts) < 2 or not all(parts[:2]):
+        raise LocalspecError(f"'{spec}' is not hf:OWNER/REPO[:QUANT] or hf:OWNER/REPO/FILE.gguf")
+    if len(parts) > 2:
+        return "/".join(parts[:2]), None, "/".join(parts[2:])
+    repo, _, quant = "/".join(parts).partition(":")
+    return repo, quant or None, None
+
+
+def choose_gguf(files: list[str], quant: str | None, repo: str) -> list[str]:
+    """The files of the GGUF a quantization names (every part of a split), as llama.cpp picks:
+    the first whose name holds it, case aside; with none named, Q4_K_M, else the first GGUF."""
+    ggufs = sorted(f for f in files if f.endswith(".gguf") and "mmproj" not in f.lower())
+    want = (quant or DEFAULT_QUANT).lower()
+    matching = [f for f in ggufs if want in Path(f).name.lower()] or ([] if quant else ggufs)
+    if not matching:
+        have = ", ".join(Path(f).name for f in ggufs) or "no GGUF files"
+        raise LocalspecError(f"{repo} has no GGUF for {quant or DEFAULT_QUANT}: it has {have}")
+    first = matching[0]
+    split = SPLIT.search(first)
+    if not split:
+        return [first]
+    stem = first[:split.start()]
+    return [f"{stem}-{i:05d}-of-{split.group(2)}.gguf" for i in range(1, int(split.group(2)) + 1)]
+
+
+def hub_cached(spec: str) -> Path | None:
+    """The file hf:... stands for in the Hugging Face cache (every part there), or None."""
+    repo, quant, file = parse_hub(spec)
+    folder = hf_hub() / f"models--{repo.replace('/', '--')}"
+    for snapshot in snapshots(folder) if folder.is_dir() else []:
+        files = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*.gguf")]
+        try:
+            wanted = [file] if file else choose_gguf(files, quant, repo)
+        except LocalspecError:
+            continue
+        if all((snapshot / f).is_file() for f in wanted):
+            return snapshot / wanted[0]
+    return None

@@ -15,57 +15,7 @@ from pathlib import Path
 from localspec import found
 from localspec.errors import LocalspecError
 
-DEFAULT_QUANT = "Q4_K_M"  # what llama-server -hf picks when no quantization is named
-SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def is_hub_name(spec: str) -> bool:
-    """hf:OWNER/REPO or hf:OWNER/REPO:QUANT (hf:OWNER/REPO/FILE is found.py's too)."""
-    return spec.startswith("hf:") and spec[3:].count("/") >= 1
-
-
-def parse(spec: str) -> tuple[str, str | None, str | None]:
-    """hf:... -> (OWNER/REPO, QUANT or None, FILE or None)."""
-    parts = spec[3:].split("/")
-    if len(parts) < 2 or not all(parts[:2]):
-        raise LocalspecError(f"'{spec}' is not hf:OWNER/REPO[:QUANT] or hf:OWNER/REPO/FILE.gguf")
-    if len(parts) > 2:
-        return "/".join(parts[:2]), None, "/".join(parts[2:])
-    repo, _, quant = "/".join(parts).partition(":")
-    return repo, quant or None, None
-
-
-def choose(files: list[str], quant: str | None, repo: str) -> list[str]:
-    """The files of the GGUF a quantization names (every part of a split), as llama.cpp picks:
-    the first whose name holds it, case aside; with none named, Q4_K_M, else the first GGUF."""
-    ggufs = sorted(f for f in files if f.endswith(".gguf") and "mmproj" not in f.lower())
-    want = (quant or DEFAULT_QUANT).lower()
-    matching = [f for f in ggufs if want in Path(f).name.lower()] or ([] if quant else ggufs)
-    if not matching:
-        have = ", ".join(Path(f).name for f in ggufs) or "no GGUF files"
-        raise LocalspecError(f"{repo} has no GGUF for {quant or DEFAULT_QUANT}: it has {have}")
-    first = matching[0]
-    split = SPLIT.search(first)
-    if not split:
-        return [first]
-    stem = first[:split.start()]
-    return [f"{stem}-{i:05d}-of-{split.group(2)}.gguf" for i in range(1, int(split.group(2)) + 1)]
-
-
-def cached(spec: str) -> Path | None:
-    """The file hf:... stands for in the Hugging Face cache (every part there), or None."""
-    repo, quant, file = parse(spec)
-    folder = found.hf_hub() / f"models--{repo.replace('/', '--')}"
-    for snapshot in found.snapshots(folder) if folder.is_dir() else []:
-        files = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*.gguf")]
-        try:
-            wanted = [file] if file else choose(files, quant, repo)
-        except LocalspecError:
-            continue
-        if all((snapshot / f).is_file() for f in wanted):
-            return snapshot / wanted[0]
-    return None
 
 
 def pull(spec: str, force: bool = False) -> Path:
@@ -74,17 +24,17 @@ def pull(spec: str, force: bool = False) -> Path:
     import huggingface_hub as hub
     from huggingface_hub import errors
 
-    repo, quant, file = parse(spec)
+    repo, quant, file = found.parse_hub(spec)
     endpoint = os.environ.get("HF_ENDPOINT") or None  # read here: the library reads it at import
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     token = os.environ.get("HF_TOKEN") or None  # None: the token `hf auth login` stored, if any
     where = endpoint or "huggingface.co"
-    if offline and (path := cached(spec)) is not None and not force:
+    if offline and (path := found.hub_cached(spec)) is not None and not force:
         return path
     try:
         if offline:
             raise errors.OfflineModeIsEnabled()
-        files = [file] if file else choose(
+        files = [file] if file else found.choose_gguf(
             hub.HfApi(endpoint=endpoint, token=token).list_repo_files(repo), quant, repo)
         paths = []
         for name in files:

@@ -30,7 +30,7 @@ TEST_MODELS = Path(os.environ.get("LOCALSPEC_TEST_MODELS") or
                    platformdirs.user_cache_dir("localspec-test-models"))
 os.environ["LOCALSPEC_MODEL_DIRS"] = str(TEST_MODELS)
 
-from localspec import store  # noqa: E402
+from localspec import pull, store  # noqa: E402
 from localspec.llama import Context, Model  # noqa: E402
 from localspec.llama.context import ContextConfig  # noqa: E402
 
@@ -44,7 +44,7 @@ RECORDED_CURVE = Path(__file__).parent / "data" / "smollm2-2-threads.curve.json"
 def from_test_store(name: str) -> Path:
     """A registry model from the test store, pulled there if it is not yet."""
     path = TEST_MODELS / f"{name}.gguf"
-    return path if path.exists() else store.pull(name, into=TEST_MODELS)
+    return path if path.exists() else pull.pull(name, into=TEST_MODELS)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -54,7 +54,7 @@ def test_other_tools_models_are_found_and_used_in_place(tools_home):
     models = {f.name: f.path for f in found.found()}
     assert models == paths  # no projector, nothing copied
     for name, path in paths.items():
-        assert store.resolve(name, pull_missing=False) == path
+        assert store.resolve(name) == path
     assert store.resolve("ollama:smollm2") == paths["ollama:smollm2:latest"]  # Ollama's default tag
     with pytest.raises(LocalspecError, match="localspec models"):
         store.resolve("ollama:nonesuch:latest")

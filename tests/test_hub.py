@@ -10,7 +10,7 @@ import sys
 import pytest
 from hub_server import COMMIT, Hub, serve
 
-from localspec import found, hub, store
+from localspec import found, store
 from localspec.cli import main
 
 REPO = "acme/SmolLM2-135M-Instruct-GGUF"
@@ -88,7 +88,7 @@ def test_a_corrupt_download_is_refused_and_not_kept(hub_home, capsys):
     state.wrong_sha.add("smollm2-135m-instruct-Q4_K_M.gguf")
     assert_one_line_error(main(["pull", f"hf:{REPO}"]), capsys,
                           f"download of smollm2-135m-instruct-Q4_K_M.gguf from {REPO} is corrupt")
-    assert hub.cached(f"hf:{REPO}") is None
+    assert found.hub_cached(f"hf:{REPO}") is None
     assert not [p for p in cache.rglob("*") if p.is_file() and p.stat().st_size > 1000]  # no model bytes kept
 
 
@@ -100,7 +100,7 @@ def test_an_interrupted_download_resumes(hub_home, small_path, capsys):
         assert main(["pull", f"hf:{REPO}"]) == 0
     starts = [start for name, start in state.ranges if name == "smollm2-135m-instruct-Q4_K_M.gguf"]
     assert starts[0] == 0 and starts[-1] > 0  # the second GET started where the first stopped
-    assert hub.cached(f"hf:{REPO}").read_bytes() == small_path.read_bytes()
+    assert found.hub_cached(f"hf:{REPO}").read_bytes() == small_path.read_bytes()
 
 
 def test_a_split_gguf_is_pulled_whole(hub_home, capsys):
@@ -113,12 +113,12 @@ def test_a_split_gguf_is_pulled_whole(hub_home, capsys):
     path = found.hf_hub() / "models--acme--big-GGUF" / "snapshots" / COMMIT / parts[0]
     assert pulled(capsys) == str(path)
     assert all((path.parents[1] / name).read_bytes() == bytes([i]) * 5000 for i, name in enumerate(parts))
-    assert hub.cached("hf:acme/big-GGUF") == path
+    assert found.hub_cached("hf:acme/big-GGUF") == path
 
 
 def test_hub_names_parse():
-    assert hub.parse("hf:a/b") == ("a/b", None, None)
-    assert hub.parse("hf:a/b:Q8_0") == ("a/b", "Q8_0", None)
-    assert hub.parse("hf:a/b/sub/c.gguf") == ("a/b", None, "sub/c.gguf")
+    assert found.parse_hub("hf:a/b") == ("a/b", None, None)
+    assert found.parse_hub("hf:a/b:Q8_0") == ("a/b", "Q8_0", None)
+    assert found.parse_hub("hf:a/b/sub/c.gguf") == ("a/b", None, "sub/c.gguf")
     with pytest.raises(Exception, match="not hf:OWNER/REPO"):
-        hub.parse("hf:a/")
+        found.parse_hub("hf:a/")

@@ -3,13 +3,16 @@ those below, never above; training and conversion sit beside the stack, which ne
 imports them."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 LAYERS = [  # bottom first
     ("localspec.errors", "localspec.paths", "localspec._native", "localspec.progress",
      "localspec.datasets"),
-    ("localspec.llama", "localspec.sampling", "localspec.store", "localspec.found", "localspec.hub"),
+    ("localspec.llama", "localspec.sampling", "localspec.store", "localspec.found", "localspec.hub",
+     "localspec.pull"),
     ("localspec.verify",),
     ("localspec.drafters",),
     ("localspec.control",),
@@ -69,3 +72,12 @@ def test_every_module_has_a_layer():
     for path in ROOT.glob("localspec/**/*.py"):
         me = module_name(path)
         assert layer(me) is not None or me.startswith(BESIDE) or me == "localspec", me
+
+
+def test_no_request_path_imports_the_download_code():
+    """Surfaces pull what they run before an engine starts (localspec/pull.py): the engine, its
+    worker and the server never import the download code."""
+    code = ("import sys, localspec.engine, localspec.worker, localspec.serve.app; "
+            "print(sorted(m for m in ('localspec.pull', 'localspec.hub', 'huggingface_hub') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from localspec import store
+from localspec.engine import Engine, EngineConfig
 from localspec.errors import LocalspecError
 
 
@@ -103,10 +104,17 @@ def test_partial_file_never_passes_for_a_model(home):
     partial = home / "models" / "smollm2-135m-instruct.gguf.partial"
     partial.write_bytes(b"GGUF half a model")
     with pytest.raises(LocalspecError, match="not pulled"):
-        store.resolve("smollm2-135m-instruct", pull_missing=False)
+        store.resolve("smollm2-135m-instruct")
     r = localspec("models", home=home)
     line = next(l for l in r.stdout.splitlines() if l.startswith("smollm2-135m-instruct"))
     assert line.split()[3] == "-"  # not on disk
+
+
+def test_an_engine_loads_only_what_is_here(home):
+    """Pulling is the surfaces' work before an engine starts; an engine says what to pull."""
+    with pytest.raises(store.NotPulled, match="run `localspec pull gemma-3-270m`"):
+        Engine(EngineConfig(model="gemma-3-270m"))
+    assert not list((home / "models").glob("*"))
 
 
 def test_wrong_size_stored_model_is_reported(home):

@@ -23,6 +23,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, OptionList
 from textual.widgets.option_list import Option
 
+from localspec import pull as model_pull
 from localspec import store as model_store
 from localspec.drafters.spec import DrafterSpec
 from localspec.engine import Delta, Done, Engine, EngineConfig, Reason, Request, coalesce
@@ -187,7 +188,7 @@ class ChatApp(App):
         def load() -> Engine:
             progress = lambda *a: self.post_message(Progress(*a))  # noqa: E731
             if pull:
-                model_store.resolve(model, progress=progress)
+                model_pull.resolve(model, progress=progress)
             engine = Engine(replace(self.cfg.engine, model=model), progress=progress,
                             log=lambda level, text: self._log.write(text))
             engine.prepare()  # drafters and the cost curve, with their progress shown

@@ -1,6 +1,6 @@
 """The drafters an engine has made, and what they share, each loaded once: draft models and
-their contexts, Jakiro runtimes, acceptance heads, suffix stores. Building, loading and
-pulling happen here, when the engine prepares a drafter (Engine.prepare), not in the loop."""
+their contexts, Jakiro runtimes, acceptance heads, suffix stores. Building and loading
+happen here, when the engine prepares a drafter (Engine.prepare), not in the loop."""
 
 from __future__ import annotations
 
@@ -19,9 +19,6 @@ from localspec.drafters.spec import DrafterSpec, Head
 from localspec.drafters.suffix import StoreSetting, SuffixDrafter, SuffixStore
 from localspec.errors import LocalspecError
 from localspec.llama import Context, Model
-
-DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b-instruct"
-
 
 def needs_features(spec: DrafterSpec, asked: bool | None, over_rpc: bool, target: Path) -> bool:
     """Whether the target's context must return its hidden states, which feature drafters
@@ -66,7 +63,7 @@ class Drafters:
             elif spec.kind == "suffix":
                 d = SuffixDrafter(self.suffix_store(spec.model or None))
             elif spec.kind in ("draft", "draft-tree"):
-                ctx = self._draft_context(store.resolve(spec.model or DEFAULT_DRAFT_MODEL))
+                ctx = self._draft_context(store.resolve(spec.model or store.DEFAULT_DRAFT_MODEL))
                 d = DraftModelDrafter(ctx, self.model, width=4 if spec.kind == "draft-tree" else 1,
                                       heads=self._heads(spec.head, ctx.model), head_required=spec.head.required)
             elif spec.kind == "jakiro":
@@ -173,7 +170,7 @@ class Drafters:
         this machine has (the store, other tools' folders) at most half the target's size
         that shares its tokenizer, said once."""
         try:
-            default = store.resolve(DEFAULT_DRAFT_MODEL, pull_missing=False)
+            default = store.resolve(store.DEFAULT_DRAFT_MODEL)
         except LocalspecError:
             default = None
         models = store.on_this_machine()

@@ -132,6 +132,11 @@ class DrafterSpec:
         """Whether it names a drafter that reads the target's hidden states (Jakiro)."""
         return self.kind == "jakiro" or any(d.uses_features for d in self.members)
 
+    @property
+    def draft_models(self) -> list[str]:
+        """The draft models it runs ("" for the default), which a surface pulls before it starts."""
+        return [self.model] if self.kind in ("draft", "draft-tree") else [m for d in self.members for m in d.draft_models]
+
     def without_k(self) -> DrafterSpec:
         return replace(self, k=None)
 
