@@ -126,6 +126,7 @@ def cmd_generate(a: argparse.Namespace) -> None:
     cfg = GenerateConfig(sys.stdin.read() if a.prompt == "-" else a.prompt, a.max_tokens, a.chat,
                          tuple(a.stop or ()))
     engine = Engine(engine_config(a, [a.drafter]), progress=StderrProgress())
+    engine.prepare()  # drafters and the cost curve, before the request
     request = Request(prompt=cfg.prompt, sampling=sampling_config(a), max_tokens=cfg.max_tokens,
                       messages=[{"role": "user", "content": cfg.prompt}] if cfg.chat else None,
                       stop=cfg.stop)
@@ -138,6 +139,7 @@ def cmd_generate(a: argparse.Namespace) -> None:
     sys.stdout.write("\n")
     sys.stdout.flush()
     print(event.stats.summary(), file=sys.stderr)
+    engine.close()  # keeps what the loop's forwards cost beside the curve
 
 
 def cmd_chat(a: argparse.Namespace) -> None:
@@ -429,6 +431,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
     if traced:
         report.trace_chart(trace, f"{traced.label} · {title}", Path(a.trace))
         print(f"trace: {a.trace}")
+    engine.close()
 
 
 def _mb(n: int | None) -> str:

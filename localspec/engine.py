@@ -197,10 +197,8 @@ class Engine:
                                embeddings=features, argmax_on_device=cfg.argmax_on_device)
         self.slots = Slots(self.model, config, cfg.slots)
         self.ctx = self.slots.contexts[0]  # the slot the last request ran in
-        self._lock = threading.Lock()
-        self._owner: int | None = None
         self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, load, self.loads, ledger)
-        self.planning = Planning(self.ctx, self._lock, self.progress, cfg.curve, cfg.flat_cost, cfg.whole_curve,
+        self.planning = Planning(self.ctx, self.progress, cfg.curve, cfg.flat_cost, cfg.whole_curve,
                                  cfg.refine_curve, cfg.strict)
         self._cascades: dict[DrafterSpec, Controller] = {}  # auto's keep what they learnt
         if cfg.strict and (exact_batch := self.exactness[1]) >= 2:
@@ -224,10 +222,15 @@ class Engine:
         """Load, build and measure what requests with `spec` (the engine's drafter by default)
         need, now rather than inside the first of them."""
         spec = spec or self.cfg.drafter
-        with self._running():
+        with self.planning.request():
             self.controller(spec)
             if spec.kind != "none":
                 self.curve
+
+    def ready(self, spec: DrafterSpec) -> bool:
+        """Whether a request with `spec` runs on what is loaded and measured (prepare(spec)
+        does the rest): a server refuses one that is not, rather than load inside it."""
+        return spec.kind == "none" or self.planning.measured and (spec in self._cascades or self.drafters.loaded(spec))
 
     def controller(self, spec: DrafterSpec) -> Controller:
         """What runs a request with this spec."""
@@ -246,7 +249,7 @@ class Engine:
     def prefill(self, request: Request) -> Done:
         """Only put the request's prompt in the cache (an editor's warm-up): what generate
         would reuse next, computed as it would compute it."""
-        with self._running():
+        with self.planning.request():
             tokens, stats, t0 = self.prompt_tokens(request), Stats(), time.perf_counter()
             self.ctx = self.slots.pick(tokens)
             stats.cache_n, _ = self.ctx.prefill(tokens, progress=self._reading)
@@ -259,7 +262,7 @@ class Engine:
         """Run `request`: Delta events as text is written (never part of a stop string, never
         half a character), then one Done. `cancel` set, or the stream closed, ends it after
         the iteration under way; the cache is left consistent either way."""
-        with self._running():
+        with self.planning.request():
             yield from self._generate(request, cancel or threading.Event(), on_iteration)
 
     def _generate(self, request: Request, cancel: threading.Event, on_iteration) -> Iterator[Delta | Done]:
@@ -297,25 +300,10 @@ class Engine:
             if rest := text.take(final=True):
                 yield Delta(rest, 0, 0, controller.arm, iterations=0)
         self.drafters.learn([t for t in generated if not self.model.is_eog(t)])
-        self.planning.after_request()
         yield Done(reason, text.text, generated, stats, text.matched, len(ctx.tokens))
 
     def _reading(self, done: int, total: int) -> None:
         self.progress("reading the prompt", done, total)
-
-    @contextlib.contextmanager
-    def _running(self) -> Iterator[None]:
-        """One request at a time; the thread that runs one may not start another."""
-        me = threading.get_ident()
-        if self._owner == me:
-            raise LocalspecError("a request is still running on this engine: finish or close its stream first")
-        with self._lock:
-            self._owner = me
-            try:
-                yield
-            finally:
-                self._owner = None
-                self.planning.idle_since = time.monotonic()
 
     def close(self) -> None:
         self.planning.close()

@@ -249,7 +249,8 @@ def test_a_cached_curve_the_loop_strays_from_is_measured_again(small_path, tmp_p
     recorded = json.loads(RECORDED_CURVE.read_text())
     s = recorded["seconds"]
     skewed = recorded | {"seconds": [4 * s[0]] * 2 + [4 * x for x in s[2:]], "measured_at": "2026-01-01 00:00:00"}
-    engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=2, drafter=DrafterSpec("lookup")))
+    cfg = EngineConfig(model=str(small_path), n_ctx=1024, threads=2, drafter=DrafterSpec("lookup"))
+    engine = Engine(cfg)
     try:
         path = cache_path(engine.ctx)
         path.parent.mkdir(parents=True)
@@ -257,6 +258,11 @@ def test_a_cached_curve_the_loop_strays_from_is_measured_again(small_path, tmp_p
         assert engine.curve.base.seconds == skewed["seconds"]  # planned with, as it was cached
         for prompt in ("def fibonacci(n):\n", "Count from 1 to 40: 1, 2, 3,"):
             list(engine.generate(Request(prompt=prompt, sampling=SamplingConfig(temperature=0.0), max_tokens=48)))
+        assert read_loop(path) is None  # kept when the engine closes, not on a request's path
+    finally:
+        engine.close()
+    engine = Engine(cfg)
+    try:
         loop = read_loop(path)
         assert loop["forwards"] >= 32  # every verification forward of both requests
         assert loop["ratio"] < 0.6 and strayed(loop)  # 4x dearer than what it paid

@@ -248,6 +248,9 @@ BAD = [  # (method, path, body or raw bytes, status, words in the message)
     ("POST", "/v1/chat/completions", {"messages": CHAT, "n": 2}, 400, "n"),
     ("POST", "/v1/completions", {"prompt": "x", "echo": True}, 400, "echo"),
     ("POST", "/detokenize", {"tokens": [10**9]}, 400, "outside the vocabulary"),
+    ("POST", "/completion", {"prompt": "hi", "drafter": "warp@3"}, 400, "unknown drafter 'warp'"),
+    # a request never loads a drafter: one the server has not loaded is refused at once
+    ("POST", "/v1/chat/completions", {"messages": CHAT, "drafter": "draft"}, 400, "not loaded on this server"),
     ("POST", "/completion", b"[" * 100000 + b"]" * 100000, 400, ""),
     ("GET", "/nowhere", None, 404, "File Not Found"),
     ("GET", "/completion", None, 405, ""),
@@ -262,6 +265,18 @@ def test_bad_requests_are_4xx_with_a_clear_message(smol, method, path, body, sta
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["code"] == status and words in err["message"] and err["type"]
+
+
+def test_a_request_names_a_drafter_the_server_has(smol, reference):
+    """auto's members (the suffix drafter, the Jakiro drafter that ships for SmolLM2), lookup and
+    plain decoding, each at a static K or chosen by auto over a few: the engine's greedy text."""
+    text = "The capital of France is"
+    expected = plain(reference, prompt=text, max_tokens=24)
+    for name in ("none", "lookup@2", "suffix", "jakiro", "auto:suffix+lookup"):
+        r = httpx.post(smol[0] + "/completion", json={"prompt": text, "n_predict": 24, "temperature": 0,
+                                                      "drafter": name}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["content"] == expected and r.json()["generation_settings"]["speculative"] == name
 
 
 def test_the_server_still_answers_after_bad_requests(smol):

@@ -76,6 +76,12 @@ class Drafters:
             self._drafters[key] = d
         return self._drafters[key]
 
+    def loaded(self, spec: DrafterSpec) -> bool:
+        """Whether what `spec` runs is built (lookup needs nothing), so a request can run it as is."""
+        if spec.kind == "auto":
+            return bool(spec.members) and all(self.loaded(d) for d in spec.members)
+        return spec.kind in ("none", "lookup") or spec.without_k() in self._drafters
+
     def suffix_store(self, where: StoreSetting | str | None = None) -> SuffixStore:
         """The suffix store `where` says (None: the engine's), opened on first use."""
         where = self.store_setting if where is None else StoreSetting.parse(where)

@@ -2,7 +2,8 @@
 curve measured in seconds, then the whole curve measured between requests (a forward per turn
 of the engine's request lock, once it has idled REFINE_IDLE seconds) in a context of its own,
 cached and planned on in place of the coarse one; corrected all along by the loop's forwards
-(LiveCurve)."""
+(LiveCurve), and how far they strayed kept beside it when the engine closes. The engine's
+requests take their turns here too, as the measurement does."""
 
 from __future__ import annotations
 
@@ -23,12 +24,13 @@ REFINE_IDLE = 1.0  # seconds without a request before the whole curve's measurem
 
 
 class Planning:
-    def __init__(self, ctx: Context, lock: threading.Lock, progress: Progress, curve_file: str = "",
+    def __init__(self, ctx: Context, progress: Progress, curve_file: str = "",
                  flat: bool = False, whole: bool = False, refine: bool = True, strict: bool = False):
-        """`ctx`: the engine's context a curve is measured in and cached for; `lock`: its
-        request lock, whose holder sets `idle_since` when a request ends. The rest as
+        """`ctx`: the engine's context a curve is measured in and cached for. The rest as
         EngineConfig's curve, flat_cost, whole_curve, refine_curve and strict say."""
-        self.ctx, self.lock, self.progress = ctx, lock, progress
+        self.ctx, self.progress = ctx, progress
+        self.lock = threading.Lock()  # the engine's requests', which the measurement takes turns with
+        self._owner: int | None = None
         self.idle_since = time.monotonic()
         self.curve_file, self.flat, self.whole, self.refine = curve_file, flat, whole, refine
         self.strict = strict
@@ -52,6 +54,11 @@ class Planning:
                     self._refiner = threading.Thread(target=self._refine, name="localspec-curve", daemon=True)
                     self._refiner.start()
         return self._curve
+
+    @property
+    def measured(self) -> bool:
+        """Whether there is a curve to plan on yet (`curve` measures one)."""
+        return self._curve is not None
 
     @property
     def exactness(self) -> tuple[float, int]:
@@ -90,6 +97,21 @@ class Planning:
         except _Closing:
             pass
 
+    @contextlib.contextmanager
+    def request(self) -> Iterator[None]:
+        """The engine's turn for a request: one at a time, and the thread that runs one may not
+        start another."""
+        me = threading.get_ident()
+        if self._owner == me:
+            raise LocalspecError("a request is still running on this engine: finish or close its stream first")
+        with self.lock:
+            self._owner = me
+            try:
+                yield
+            finally:
+                self._owner = None
+                self.idle_since = time.monotonic()
+
     def idle(self) -> float:
         """Seconds since the engine's last request ended."""
         return time.monotonic() - self.idle_since
@@ -120,16 +142,14 @@ class Planning:
             return None
         return self.curve.price
 
-    def after_request(self) -> None:
-        """Keep how far the loop strayed from the curve beside it (cost_curve reads it)."""
-        if isinstance(self._curve, LiveCurve):
-            record_loop(cache_path(self.ctx), self._curve)
-
     def close(self) -> None:
-        """Stop the measurement under way, if any (after the forward it is in)."""
+        """Stop the measurement under way, if any (after the forward it is in), and keep how
+        far the loop's forwards strayed from the curve beside it (the next start reads it)."""
         self._closing.set()
         if self._refiner is not None:
             self._refiner.join()
+        if isinstance(self._curve, LiveCurve):
+            record_loop(cache_path(self.ctx), self._curve)
 
 
 class _Closing(Exception):

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response, StreamingResponse
 
 from localspec import __version__
+from localspec.drafters.spec import DrafterSpec
 from localspec.engine import Delta, Done, Engine, Reason, Request
 from localspec.errors import LocalspecError
 from localspec.loop import Stats
@@ -214,7 +215,8 @@ def create_app(worker: Worker, cfg: ServeConfig = ServeConfig()) -> FastAPI:
         limits = Limits(body.n_indent, body.t_max_predict_ms)
         job = worker.submit(run_request(request, limits, warm=body.n_predict == 0))
         settings = {**defaults(e), **sampling_json(request.sampling), "n_predict": body.n_predict or -1,
-                    "n_ctx": e.ctx.n_ctx, "stream": body.stream, "stop": list(request.stop)}
+                    "n_ctx": e.ctx.n_ctx, "stream": body.stream, "stop": list(request.stop),
+                    "speculative": str(request.drafter or e.cfg.drafter)}
 
         def final(text: str, done: Done | None) -> dict:
             stats = done.stats if done else Stats()
@@ -340,7 +342,21 @@ def make_request(e: Engine, tokens: list[int], o: schema.Options, n_predict: int
     limit = room if n_predict in (None, -1) else min(max(n_predict, 1), room)
     stops = (o.stop,) if isinstance(o.stop, str) else tuple(o.stop or ())
     return Request(prompt=tokens, sampling=sampling, max_tokens=limit, stop=tuple(s for s in stops if s),
-                   cache=o.cache_prompt)
+                   drafter=drafter(e, o.drafter), cache=o.cache_prompt)
+
+
+def drafter(e: Engine, name: str | None) -> DrafterSpec | None:
+    """The drafter a request names, if the server has it loaded: a request never loads one."""
+    if not name:
+        return None
+    try:
+        spec = DrafterSpec.parse(name)
+    except LocalspecError as x:
+        raise APIError(400, str(x)) from None
+    if not e.ready(spec):
+        raise APIError(400, f"drafter '{spec}' is not loaded on this server (it runs '{e.cfg.drafter}' and what "
+                            f"that loads, lookup and none): start it with --drafter {spec} to run it")
+    return spec
 
 
 class Limits:

@@ -35,6 +35,7 @@ class Options(BaseModel):
     t_max_predict_ms: float | None = Field(None, le=3_600_000)  # after this, stop at a newline
     n_indent: int = Field(0, ge=0, le=10_000)  # stop before a line indented less than this
     response_fields: list[str] | None = Field(None, max_length=64)
+    drafter: str | None = Field(None, max_length=1000)  # localspec's: what drafts (one the server has loaded)
 
 
 class CompletionBody(Options):
