@@ -101,16 +101,21 @@ def engine_config(a: argparse.Namespace, drafters: list[DrafterSpec]):
     """The engine for requests that run `drafters`: the first is its default, unless auto is
     among them (the bench's), which then is, so that auto's members are a user's auto's (the
     Jakiro drafter that ships for the target needs the hidden states it turns on)."""
-    from localspec import pull, store
     from localspec.engine import EngineConfig
     default = next((d for d in drafters if d.kind == "auto"), drafters[0])
-    # What the engine will load is pulled now: an engine only loads what is here.
-    for model in [a.model] + [m or store.DEFAULT_DRAFT_MODEL for d in drafters for m in d.draft_models]:
-        pull.resolve(model)
     return EngineConfig(a.model, a.ctx, a.threads, a.gpu_layers, a.flash_attn, strict=a.strict,
                         flat_cost=a.flat_cost, curve=a.curve, draft_curve=a.draft_curve, drafter=default,
                         argmax_on_device=a.argmax == "device",
                         features=any(d.uses_features for d in drafters) or None, rpc=a.rpc)
+
+
+def pulled_config(a: argparse.Namespace, drafters: list[DrafterSpec]):
+    """engine_config, once the target and the draft models `drafters` name are on this machine
+    (pulled now if need be: an engine only loads what is here)."""
+    from localspec import pull, store
+    for model in [a.model] + [m or store.DEFAULT_DRAFT_MODEL for d in drafters for m in d.draft_models]:
+        pull.resolve(model)
+    return engine_config(a, drafters)
 
 
 def sampling_config(a: argparse.Namespace):
@@ -125,7 +130,7 @@ def cmd_generate(a: argparse.Namespace) -> None:
 
     cfg = GenerateConfig(sys.stdin.read() if a.prompt == "-" else a.prompt, a.max_tokens, a.chat,
                          tuple(a.stop or ()))
-    engine = Engine(engine_config(a, [a.drafter]), progress=StderrProgress())
+    engine = Engine(pulled_config(a, [a.drafter]), progress=StderrProgress())
     engine.prepare()  # drafters and the cost curve, before the request
     request = Request(prompt=cfg.prompt, sampling=sampling_config(a), max_tokens=cfg.max_tokens,
                       messages=[{"role": "user", "content": cfg.prompt}] if cfg.chat else None,
@@ -144,7 +149,7 @@ def cmd_generate(a: argparse.Namespace) -> None:
 
 def cmd_chat(a: argparse.Namespace) -> None:
     from tui.app import ChatConfig, run
-    run(ChatConfig(engine_config(a, [a.drafter]), max_tokens=a.max_tokens))
+    run(ChatConfig(pulled_config(a, [a.drafter]), max_tokens=a.max_tokens))
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -160,9 +165,9 @@ def cmd_serve(a: argparse.Namespace) -> None:
     if a.host not in LOOPBACK and not a.api_key:
         raise LocalspecError(f"serving on {a.host} lets other machines in: give --api-key KEY as well "
                              "(clients then send 'Authorization: Bearer KEY')")
-    # A missing or unknown model fails here (engine_config), in one line, before serving.
+    # A missing or unknown model fails here (pulled_config), in one line, before serving.
     # Two caches: an editor's completions and a chat do not evict each other.
-    cfg = replace(engine_config(a, [a.drafter]), slots=2)
+    cfg = replace(pulled_config(a, [a.drafter]), slots=2)
     def load() -> Engine:
         engine = Engine(cfg)
         print(f"localspec: {engine.where}", file=sys.stderr, flush=True)
@@ -230,7 +235,7 @@ def cmd_cost(a: argparse.Namespace) -> None:
     from localspec.engine import Engine
     from localspec.llama.cost import cache_path, cost_curve, read_loop
     from localspec.progress import StderrProgress
-    ctx = Engine(engine_config(a, [DrafterSpec("none")]), progress=StderrProgress()).ctx
+    ctx = Engine(pulled_config(a, [DrafterSpec("none")]), progress=StderrProgress()).ctx
     curve = cost_curve(ctx, a.max_batch, refresh=a.refresh, progress=StderrProgress())
     print(f"cost curve of {ctx.model.path.name} ({ctx.config.n_threads or 'all'} threads, "
           f"after {curve.n_context} tokens of context; measured {curve.measured_at or 'before this was recorded'}; "
@@ -376,7 +381,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
     prompts, warm = workloads.load_warm(cfg.workload, cfg.limit)
     # The bench's suffix store is its own, in memory: the user's stays as it was, and every
     # configuration starts each turn from the same store.
-    engine = Engine(replace(engine_config(a, list(specs)), store=StoreSetting("memory"), whole_curve=True),
+    engine = Engine(replace(pulled_config(a, list(specs)), store=StoreSetting("memory"), whole_curve=True),
                     progress=StderrProgress())
     sampling = sampling_config(a)
     for spec in specs:

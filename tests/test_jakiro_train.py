@@ -195,17 +195,18 @@ def test_train_a_tiny_drafter_from_scratch_then_convert_and_inspect(tiny_run, ca
     assert inspect_gguf(gguf).count("tensor ") >= 15
 
 
-def test_jakiro_greedy_identical_to_plain(tiny_run, small_model):
+def test_jakiro_greedy_identical_to_plain(tiny_run, small_model, reference):
     """10 of the 20 prompts × 128 tokens, target on one thread (batches reproduce single
     tokens bit for bit there, see test_speculative), the drafter's trees verified under a flat
-    cost curve (so it drafts all it can) cut at 5 nodes to keep the test's time down."""
+    cost curve (so it drafts all it can) cut at 5 nodes to keep the test's time down; against
+    the session's plain outputs (a context without hidden states: they change no logit)."""
     _, gguf = tiny_run
     with Context(small_model, ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, embeddings=True)) as ctx:
         drafter = JakiroDrafter(JakiroRuntime(gguf, small_model, n_ctx=1024, n_threads=1))
         stats = Stats()
         for p in PROMPTS[1::2]:
             tokens = small_model.tokenize(p)
-            assert speculative(ctx, drafter, tokens, stats=stats, max_nodes=5) == plain(ctx, tokens), p
+            assert speculative(ctx, drafter, tokens, stats=stats, max_nodes=5) == reference[p], p
     assert stats.draft_n_accepted > 25 and stats.draft_n - stats.draft_n_accepted > 100, stats.summary()
 
 
@@ -247,7 +248,7 @@ def test_jakiro_sampling_keeps_the_targets_distribution(tiny_run, small_model):
         drafter = JakiroDrafter(JakiroRuntime(gguf, small_model, n_ctx=256, n_threads=2))
         counts: dict[int, list[int]] = {}
         stats = Stats()
-        for seed in range(200):
+        for seed in range(140):
             cfg = SamplingConfig(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0, seed=seed)
             # -1: the text ended before
             a = (plain(ctx, prompt, 6, cfg) + [-1] * 6)[5]

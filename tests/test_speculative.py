@@ -186,7 +186,8 @@ def test_kv_cache_equals_fresh_prefill_after_random_rounds(small_model):
     with Context(m, ContextConfig(n_ctx=2048, n_seq_max=8, n_threads=1)) as ctx, \
             Context(m, ContextConfig(n_ctx=2048, n_threads=1)) as fresh:
         prompt = m.tokenize("def quicksort(items):\n")
-        truth = generate(fresh, prompt, 1200, GREEDY, stop_at_eog=False)
+        # The 200 rounds below (seeded) emit 539 tokens; a right chain reads at most 8 past them.
+        truth = generate(fresh, prompt, 640, GREEDY, stop_at_eog=False)
         ctx.prefill(prompt)
         pending, out = [truth[0]], [truth[0]]
         for _ in range(200):
@@ -249,7 +250,7 @@ def test_qwen_greedy_differs_only_at_measured_ties_and_strict_is_identical(qwen_
                 assert engine.exactness[1] >= 2, "no batch reproduces single tokens here"
             else:
                 assert engine.exactness[0] > 0
-            for prompt in PROMPTS[:6]:
+            for prompt in PROMPTS[:4]:
                 tokens = engine.model.tokenize(prompt)
                 ref, _ = run_ours(engine, tokens, NONE, 96, GREEDY)
                 for drafter in ("lookup", "suffix"):

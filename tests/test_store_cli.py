@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import RECORDED_CURVE
+
 from localspec import store
 from localspec.engine import Engine, EngineConfig
 from localspec.errors import LocalspecError
@@ -165,9 +167,10 @@ def test_generation_stops_at_the_end_of_the_context(small_path):
 def test_bench_takes_every_spec_generate_takes_and_lookup_pulls_nothing(home, small_path, tmp_path):
     """In an empty store: `--drafter lookup` never resolves the default draft model (it would
     be downloaded), and draft-model specs with a static K and head options run as they do in
-    generate."""
+    generate. (Planned on the recorded curve: an empty home would measure the whole one.)"""
     out = tmp_path / "bench.json"
-    r = localspec("bench", "-m", str(small_path), "--threads", "2", "--workload", "humaneval",
+    r = localspec("bench", "-m", str(small_path), "--threads", "2", "--curve", str(RECORDED_CURVE),
+                  "--workload", "humaneval",
                   "--limit", "1", "--max-tokens", "8", "--drafter", "lookup", "--drafter", "lookup@2",
                   "--drafter", f"draft:{small_path}@2", "--drafter", f"draft:{small_path},head=off",
                   "--drafter", "jakiro,cepd=off@2", "--json", str(out), home=home, timeout=600)
