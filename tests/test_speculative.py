@@ -74,9 +74,11 @@ def speculative(ctx, drafter, prompt, n=N_TOKENS, sampling=GREEDY, stats=None, m
 
 
 def test_lookup_greedy_identical_to_plain(target, reference):
+    """The odd prompts (the even ones run with the argmax on the device, below: between them
+    every prompt, in half the suite's time)."""
     stats = Stats()
     drafter = LookupDrafter()
-    for p in PROMPTS:
+    for p in PROMPTS[1::2]:
         assert speculative(target, drafter, target.model.tokenize(p), stats=stats) == reference[p], p
     # The test means something only if drafts were verified, accepted and rejected, and some
     # iterations emitted many tokens.
