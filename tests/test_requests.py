@@ -56,6 +56,14 @@ def qwen(qwen_path):
     engine.close()
 
 
+def test_every_kind_of_drafter_registers_its_factory():
+    """What the engine builds a drafter with: one factory per kind a spec may name (auto and
+    none build none: a controller, plain decoding)."""
+    from localspec.drafters.loaded import FACTORIES
+    from localspec.drafters.spec import KINDS
+    assert set(FACTORIES) == set(KINDS) - {"auto", "none"}
+
+
 def test_200_requests_load_each_drafter_once_with_flat_memory(smol, small_path):
     """Random seeds, temperatures, drafters and lengths on one engine: every drafter model is
     loaded once, whatever the sampling, and memory stops growing after warm-up."""

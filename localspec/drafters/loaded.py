@@ -1,6 +1,7 @@
 """The drafters an engine has made, and what they share, each loaded once: draft models and
 their contexts, Jakiro runtimes, acceptance heads, suffix stores. Building and loading
-happen here, when the engine prepares a drafter (Engine.prepare), not in the loop."""
+happen here, when the engine prepares a drafter (Engine.prepare), not in the loop: each kind
+of drafter registers the factory that builds it from its spec (at the end of this file)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Callable
 from localspec import store
 from localspec.drafters.acceptance_head import AcceptanceHead
 from localspec.drafters.base import Drafter, Ledger
-from localspec.drafters.draft_model import DraftModelDrafter, check_same_vocabulary, draft_context
+from localspec.drafters.draft_model import DraftModelDrafter, check_same_vocabulary
+from localspec.drafters.draft_model import draft_context as open_draft_context
 from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime
 from localspec.drafters.lookup import LookupDrafter
 from localspec.drafters.spec import DrafterSpec, Head
@@ -58,20 +60,9 @@ class Drafters:
         """The drafter a spec names, loaded on first use and kept (its K is the controller's)."""
         key = spec.without_k()
         if key not in self._drafters:
-            if spec.kind == "lookup":
-                d: Drafter = LookupDrafter()
-            elif spec.kind == "suffix":
-                d = SuffixDrafter(self.suffix_store(spec.model or None))
-            elif spec.kind in ("draft", "draft-tree"):
-                ctx = self._draft_context(store.resolve(spec.model or store.DEFAULT_DRAFT_MODEL))
-                d = DraftModelDrafter(ctx, self.model, width=4 if spec.kind == "draft-tree" else 1,
-                                      heads=self._heads(spec.head, ctx.model), head_required=spec.head.required)
-            elif spec.kind == "jakiro":
-                rt = self._jakiro_runtime(spec)
-                d = JakiroDrafter(rt, spec.width, spec.branch, spec.cepd, self._heads(spec.head, rt),
-                                  head_required=spec.head.required)
-            else:
+            if spec.kind not in FACTORIES:
                 raise LocalspecError(f"'{spec.label}' is not a drafter")
+            d = FACTORIES[spec.kind](self, spec)
             d.ledger = self.ledger
             self._drafters[key] = d
         return self._drafters[key]
@@ -103,7 +94,8 @@ class Drafters:
             self._store_error = str(e)
             print(f"localspec: not learning answers: {e}", file=sys.stderr)
 
-    def _draft_context(self, path: Path) -> Context:
+    def draft_context(self, path: Path) -> Context:
+        """A draft model's context, the model loaded once (and checked against the target)."""
         if path not in self._draft_ctxs:
             model = self.load(path)
             try:
@@ -111,10 +103,10 @@ class Drafters:
             except LocalspecError:
                 model.close()
                 raise
-            self._draft_ctxs[path] = draft_context(model, self.n_ctx, self.threads)
+            self._draft_ctxs[path] = open_draft_context(model, self.n_ctx, self.threads)
         return self._draft_ctxs[path]
 
-    def _jakiro_runtime(self, spec: DrafterSpec) -> JakiroRuntime:
+    def jakiro_runtime(self, spec: DrafterSpec) -> JakiroRuntime:
         path = Path(spec.model) if spec.model else store.shipped_drafter(self.model.path)
         if path is None:
             raise LocalspecError(f"no Jakiro drafter ships for {self.model.path.stem}: train one "
@@ -129,7 +121,7 @@ class Drafters:
             self.loads[str(path)] += 1
         return self._runtimes[key]
 
-    def _heads(self, choice: Head, draft: Model | JakiroRuntime) -> dict[str, AcceptanceHead | None]:
+    def heads(self, choice: Head, draft: Model | JakiroRuntime) -> dict[str, AcceptanceHead | None]:
         """The acceptance head for greedy and sampled drafting: a FILE for both, none when off,
         else the one trained for this pair and label, if any."""
         def head(path: Path | None) -> AcceptanceHead | None:
@@ -206,3 +198,42 @@ class Drafters:
         for ctx in self._draft_ctxs.values():
             ctx.close()
             ctx.model.close()
+
+
+# --- how each kind of drafter is built from its spec (spec.py parses its options) ---------------
+
+Factory = Callable[[Drafters, DrafterSpec], Drafter]
+FACTORIES: dict[str, Factory] = {}
+
+
+def factory(*kinds: str) -> Callable[[Factory], Factory]:
+    """Register what builds the drafters of `kinds` from their spec, with what they share."""
+    def register(make: Factory) -> Factory:
+        FACTORIES.update(dict.fromkeys(kinds, make))
+        return make
+    return register
+
+
+@factory("lookup")
+def _lookup(drafters: Drafters, spec: DrafterSpec) -> Drafter:
+    return LookupDrafter()
+
+
+@factory("suffix")
+def _suffix(drafters: Drafters, spec: DrafterSpec) -> Drafter:
+    return SuffixDrafter(drafters.suffix_store(spec.model or None))
+
+
+@factory("draft", "draft-tree")
+def _draft_model(drafters: Drafters, spec: DrafterSpec) -> Drafter:
+    ctx = drafters.draft_context(store.resolve(spec.model or store.DEFAULT_DRAFT_MODEL))
+    return DraftModelDrafter(ctx, drafters.model, width=4 if spec.kind == "draft-tree" else 1,
+                             heads=drafters.heads(spec.head, ctx.model), head_required=spec.head.required)
+
+
+@factory("jakiro")
+def _jakiro(drafters: Drafters, spec: DrafterSpec) -> Drafter:
+    rt = drafters.jakiro_runtime(spec)
+    return JakiroDrafter(rt, spec.width, spec.branch, spec.cepd, drafters.heads(spec.head, rt),
+                         head_required=spec.head.required)
+
