@@ -68,10 +68,11 @@ class Drafters:
         return self._drafters[key]
 
     def loaded(self, spec: DrafterSpec) -> bool:
-        """Whether what `spec` runs is built (lookup needs nothing), so a request can run it as is."""
+        """Whether the drafters `spec` runs are built (lookup needs nothing), so a request can run
+        it as is (plain decoding is the engine's to judge)."""
         if spec.kind == "auto":
             return bool(spec.members) and all(self.loaded(d) for d in spec.members)
-        return spec.kind in ("none", "lookup") or spec.without_k() in self._drafters
+        return spec.kind == "lookup" or spec.without_k() in self._drafters
 
     def suffix_store(self, where: StoreSetting | str | None = None) -> SuffixStore:
         """The suffix store `where` says (None: the engine's), opened on first use."""
