@@ -359,6 +359,28 @@ def cmd_inspect(a: argparse.Namespace) -> None:
     print(inspect_gguf(a.file))
 
 
+def bench_synthetic(a: argparse.Namespace) -> None:
+    from localspec.bench import synthetic, workloads
+    from localspec.drafters.suffix import StoreSetting
+    from localspec.bench.runner import prompt_tokens
+    from localspec.engine import Engine
+    from localspec.progress import StderrProgress
+
+    rates = synthetic.parse_rates(a.synthetic, a.synthetic_k)
+    if a.repeat < 1:
+        raise LocalspecError("--repeat must be at least 1")
+    cfg = pulled_config(a, [DrafterSpec("none")])
+    cfg = replace(cfg, n_seq_max=max(cfg.n_seq_max, len(rates) + 1), store=StoreSetting("off"))
+    engine = Engine(cfg, progress=StderrProgress())
+    try:
+        prompts = [prompt_tokens(engine, p) for p in workloads.load_warm(a.workload, a.limit)[0]]
+        configs = synthetic.run_synthetic(engine, prompts, rates, a.max_tokens, a.repeat)
+        print(f"\n{engine.model.path.stem} · {a.workload} × {len(prompts)} · {a.max_tokens} tokens"
+              f" · greedy · {a.repeat} runs each\n\n{synthetic.report(configs, rates)}")
+    finally:
+        engine.close()
+
+
 def cmd_bench(a: argparse.Namespace) -> None:
     from pathlib import Path
 
@@ -370,6 +392,8 @@ def cmd_bench(a: argparse.Namespace) -> None:
     from localspec.engine import Engine
     from localspec.progress import StderrProgress, progress_bar
 
+    if a.synthetic:
+        return bench_synthetic(a)
     specs = a.drafter or [DrafterSpec("auto")]
     cfg = BenchConfig(a.workload, a.limit, tuple(specs), a.max_tokens, tuple(a.anchor or []), a.json,
                       a.chart, a.repeat)
@@ -514,6 +538,13 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--chart", help="write a PNG chart here")
     b.add_argument("--trace", help="write a PNG of Cascade's utility and chosen arm per iteration "
                    "(of the first auto drafter) here")
+    b.add_argument("--synthetic", metavar="RATES",
+                   help="time the loop at a given acceptance, as llama.cpp's --spec-synth-rates: "
+                   "per-position probabilities (0.9,0.7,0.5) or len=L (a mean accepted length); "
+                   "the drafter proposes plain decoding's own answer broken at depths drawn so "
+                   "(output stays plain's): chains, trees with a second branch per level, and a "
+                   "chain with every third step plain, against plain decoding")
+    b.add_argument("--synthetic-k", type=int, default=16, help="draft tokens per chain for len=L")
     b.set_defaults(func=cmd_bench)
 
     r = sub.add_parser("rm", help="remove a stored model")

@@ -26,6 +26,22 @@ using namespace nb::literals;
 
 namespace {
 
+// The test surface's faulty backend (testing_fail_device_token): good reads, then one bad one.
+int32_t     good_reads_left = 0;
+llama_token bad_token       = -1;
+
+llama_token faulty_device_token(llama_context * ctx, int32_t row) {
+    if (good_reads_left-- > 0) return llama_get_sampled_token_ith(ctx, row);
+    ls::read_device_token = llama_get_sampled_token_ith;
+    return bad_token;
+}
+
+void fail_device_token(int32_t after, llama_token value) {
+    good_reads_left = after;
+    bad_token = value;
+    ls::read_device_token = faulty_device_token;
+}
+
 template <typename T> using vec_in = nb::ndarray<T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 template <typename T> nb::ndarray<nb::numpy, T, nb::ndim<1>> to_numpy(const std::vector<T> & v) {
@@ -200,12 +216,13 @@ NB_MODULE(_native, m) {
                                  history.data(), int32_t(history.shape(0)), tie_bound, on_device);
             }
             return nb::make_tuple(res.verdict.path, res.verdict.next, res.verdict.unsettled, res.n_cached,
-                                  res.forward_s);
+                                  res.forward_s, res.device_failed);
         },
         "ctx"_a, "batch"_a, "q_offsets"_a, "q_ids"_a, "q_probs"_a, "sampler"_a, "history"_a, "rng"_a,
         "tie_bound"_a = 0.0f, "on_device"_a = false,
         "Wait for a launched batch, verify its tree, keep the accepted path in the KV cache.\n"
-        "Returns (accepted node indices, next token, unsettled, nodes cached, seconds in the forward).");
+        "Returns (accepted node indices, next token, unsettled, nodes cached, seconds in the forward,\n"
+        "device failed: a row had no valid token from the device; nothing kept, the batch dropped).");
     nb::class_<ls::argmax_on_device>(m, "ArgmaxOnDevice")
         .def("__init__", [](ls::argmax_on_device * self, uintptr_t ctx) {
                  try {
@@ -218,8 +235,11 @@ NB_MODULE(_native, m) {
         .def_prop_ro("attached", &ls::argmax_on_device::attached);
     m.def(
         "sampled_token",
-        [](uintptr_t ctx, int32_t row) { return llama_get_sampled_token_ith(reinterpret_cast<llama_context *>(ctx), row); },
-        "ctx"_a, "row"_a, "The argmax of a batch row that ArgmaxOnDevice put into the graph (-1: none).");
+        [](uintptr_t ctx, int32_t row) { return ls::device_token(reinterpret_cast<llama_context *>(ctx), row); },
+        "ctx"_a, "row"_a, "The argmax of a batch row that ArgmaxOnDevice put into the graph (-1: none, or not a token).");
+    m.def("testing_fail_device_token", &fail_device_token, "after"_a, "value"_a = -1,
+          "Test surface: after `after` good reads, one read of a row's device token hands back\n"
+          "`value` (-1: none; or an id outside the vocabulary), as a faulty backend would.");
     m.def(
         "abandon",
         [](uintptr_t ctx, const ls::launched & batch) {

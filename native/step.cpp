@@ -113,24 +113,31 @@ void argmax_on_device::detach() {
     chains_.clear();
 }
 
+device_token_reader read_device_token = llama_get_sampled_token_ith;
+
+llama_token device_token(llama_context * ctx, int32_t row) {
+    const llama_token t = read_device_token(ctx, row);
+    const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx)));
+    return t >= 0 && t < n_vocab ? t : -1;
+}
+
 namespace {
 
 // Greedy verification from the rows' argmax tokens: follow the child that drafted the row's
-// token, as accept_greedy does with the one-hot distribution.
-verify_result verify_greedy_on_device(llama_context * ctx, const draft_tree & tree) {
+// token, as accept_greedy does with the one-hot distribution. False: a row had no valid token.
+bool verify_greedy_on_device(llama_context * ctx, const draft_tree & tree, verify_result & res) {
     std::vector<std::vector<int32_t>> children(tree.n_nodes + 1);
     for (int32_t i = 0; i < tree.n_nodes; ++i) children[tree.parents[i] + 1].push_back(i);
-    verify_result res;
     for (int32_t cur = -1;;) {
-        const llama_token best = llama_get_sampled_token_ith(ctx, tree.root_row + cur + 1);
-        if (best == LLAMA_TOKEN_NULL) throw std::runtime_error("verify: no argmax came back for a row");
+        const llama_token best = device_token(ctx, tree.root_row + cur + 1);
+        if (best < 0) return false;
         int32_t next = -1;
         for (int32_t c : children[cur + 1]) {
             if (tree.tokens[c] == best) { next = c; break; }
         }
         if (next < 0) {
             res.next = best;
-            return res;
+            return true;
         }
         res.path.push_back(next);
         cur = next;
@@ -155,16 +162,24 @@ step_result finish(llama_context * ctx, const launched & b, const int32_t * q_of
     tree.q_offsets = q_offsets;
     tree.q_ids     = q_ids;
     tree.q_probs   = q_probs;
-    res.verdict = on_device ? verify_greedy_on_device(ctx, tree)
-                            : verify_tree(ctx, llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx))),
-                                          tree, smp, r, history, n_history, tie_bound);
+    llama_memory_t mem = llama_get_memory(ctx);
+    if (on_device) {
+        if (!verify_greedy_on_device(ctx, tree, res.verdict)) {
+            res.verdict = {};
+            res.device_failed = true;
+            drop(mem, b);
+            return res;
+        }
+    } else {
+        res.verdict = verify_tree(ctx, llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx))), tree,
+                                  smp, r, history, n_history, tie_bound);
+    }
 
     // Keep the accepted path up to its first gap: node i sits in the i-th cell after the root
     // (see verify.py on why a token placed in a rejected node's hole would not be exact).
     const auto & path = res.verdict.path;
     while (res.n_cached < int32_t(path.size()) && path[res.n_cached] == res.n_cached) ++res.n_cached;
     const int32_t seq = res.n_cached ? b.seq_of[path[res.n_cached - 1]] : 0;
-    llama_memory_t mem = llama_get_memory(ctx);
     if (b.n_seqs > 1) llama_memory_seq_keep(mem, seq);
     seq_rm(mem, seq, b.n_past + b.n_pending + res.n_cached, -1);
     if (seq != 0) {

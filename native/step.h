@@ -27,7 +27,20 @@ struct step_result {
     verify_result verdict;
     int32_t       n_cached  = 0;    // accepted nodes the KV cache kept (up to the first gap)
     double        forward_s = 0.0;  // in llama_decode and waiting for its outputs
+    // The device handed back no token, or one outside the vocabulary, for a row it should
+    // have sampled: nothing was accepted and the batch was dropped (the cache is as before
+    // launch), so the caller can decode it again with the argmax on the host.
+    bool          device_failed = false;
 };
+
+// Where a row's token from the device's argmax is read (llama_get_sampled_token_ith). The
+// native module's test surface swaps in a reader that hands back a bad id, as a faulty
+// backend would; nothing on the request path branches on it.
+using device_token_reader = llama_token (*)(llama_context * ctx, int32_t row);
+extern device_token_reader read_device_token;
+
+// A row's token from the device, or -1 where it is missing or outside the vocabulary.
+llama_token device_token(llama_context * ctx, int32_t row);
 
 // Sequence 0 holds n_past positions. Decodes `pending` (emitted tokens not yet in the cache;
 // the last is the tree's root) at n_past..., then the tree's nodes at n_past + n_pending - 1
@@ -59,7 +72,8 @@ private:
 // Wait for the batch, verify the tree (q_* of `tree` as launched: sampled drafts' distributions),
 // and keep in sequence 0 the pending tokens and the accepted path up to its first gap; every
 // other sequence is emptied. Throws if a KV edit fails.
-// With argmax_on_device attached (greedy only), the walk reads each row's token id instead.
+// With argmax_on_device attached (greedy only), the walk reads each row's token id instead; a
+// row without a valid one ends it with device_failed set and the batch dropped.
 step_result finish(llama_context * ctx, const launched & batch, const int32_t * q_offsets,
                    const int32_t * q_ids, const float * q_probs, sampler & smp, rng & r,
                    const int32_t * history, int32_t n_history, float tie_bound, bool on_device);

@@ -124,6 +124,41 @@ def test_argmax_on_device_greedy_identical_to_plain(small_model, reference):
     assert stats.draft_n_accepted > 50 and stats.draft_n - stats.draft_n_accepted > 20
 
 
+def test_a_bad_token_from_the_device_sends_the_request_to_the_host(small_model, reference, capfd):
+    """A backend that hands back no token (-1, as CUDA did for a longer prompt) or an id outside
+    the vocabulary for a row: the request goes on with the argmax on the host and says so in
+    one line, its answer is still plain decoding's and the cache holds what was emitted; the
+    next request takes the argmax to the device again. The faulty backend is the native
+    module's test surface, not a branch on the request path."""
+    from localspec import _native
+
+    config = ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, argmax_on_device=True)
+    bad_id = small_model.n_vocab + 7
+    with Context(small_model, config) as ctx:
+        for p, after, value, where in ((PROMPTS[0], 0, -1, "the prompt's last row"),
+                                       (PROMPTS[2], 3, -1, "a verification row"),
+                                       (PROMPTS[4], 5, bad_id, "a verification row")):
+            prompt = small_model.tokenize(p)
+            _native.testing_fail_device_token(after, value)
+            assert speculative(ctx, LookupDrafter(), prompt) == reference[p], (p, where)
+            err = capfd.readouterr().err
+            assert err.count("no valid token") == 1 and where in err, err
+            assert ctx._argmax is None  # the rest of that request ran on the host
+            assert ctx.seq_pos_max(0) == len(ctx.tokens) - 1
+            assert all(ctx.seq_pos_max(s) == -1 for s in range(1, 8))
+        assert speculative(ctx, LookupDrafter(), small_model.tokenize(PROMPTS[0])) == reference[PROMPTS[0]]
+        assert ctx._argmax is not None and "no valid token" not in capfd.readouterr().err
+
+
+def test_a_token_outside_the_vocabulary_is_an_error_not_an_abort(small_model):
+    """llama.cpp aborts the process on such an id; the model refuses it in one line."""
+    for bad in (-1, small_model.n_vocab):
+        with pytest.raises(LocalspecError, match="not in .* vocabulary"):
+            small_model.token_bytes(bad)
+        with pytest.raises(LocalspecError, match="not in .* vocabulary"):
+            small_model.detokenize([1, bad])
+
+
 def test_stopping_with_a_forward_in_flight_leaves_the_cache_as_handed_out(small_model):
     """The loop launches the next forward before it hands an iteration out: a caller that stops
     there (closes the generator) leaves the KV cache holding exactly ctx.tokens (a prefix of

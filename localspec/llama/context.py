@@ -4,6 +4,7 @@ views of logits and hidden states, KV-cache operations and a prefix cache."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -142,7 +143,7 @@ class Context:
         pending = np.asarray(pending, np.int32)
         batch, status = _native.launch(self.ptr, len(self.tokens), pending, tokens, parents, all_pending_rows)
         _check_status(status, n)
-        self._inflight = (batch, pending, tokens)
+        self._inflight = (batch, pending, tokens, parents, all_pending_rows)
 
     def finish(self, q_offsets: np.ndarray, q_ids: np.ndarray, q_probs: np.ndarray, sampler,
                tie_bound: float = 0.0) -> tuple[list[int], int, bool, int, float]:
@@ -150,11 +151,16 @@ class Context:
         distributions sampled nodes were drawn from), and keep in sequence 0 the pending tokens
         and the accepted path up to its first gap. Returns (accepted nodes, the next token,
         unsettled, nodes cached, seconds in llama_decode and waiting for its outputs)."""
-        batch, pending, tokens = self._inflight
+        batch, pending, tokens, parents, all_pending_rows = self._inflight
         self._inflight = None
-        path, nxt, unsettled, n_cached, seconds = _native.finish(
+        path, nxt, unsettled, n_cached, seconds, device_failed = _native.finish(
             self.ptr, batch, q_offsets, q_ids, q_probs, sampler.sampler, sampler.history, sampler.rng, tie_bound,
             self._argmax is not None)
+        if device_failed:  # nothing was kept: the same batch again, read on the host
+            self._off_device("a verification row")
+            self.launch(pending, tokens, parents, all_pending_rows)
+            *verdict, again = self.finish(q_offsets, q_ids, q_probs, sampler, tie_bound)
+            return (*verdict, seconds + again)
         self.tokens.extend(pending.tolist())
         self.tokens.extend(tokens[path[:n_cached]].tolist())
         return path, nxt, unsettled, n_cached, seconds
@@ -176,6 +182,14 @@ class Context:
             self._argmax.detach()
             self._argmax = None
         self._last = None  # a prompt's last row read in the other mode
+
+    def _off_device(self, where: str) -> None:
+        """The device handed back no valid token for a row it sampled (a backend's fault, seen
+        on CUDA): the request goes on with the argmax on the host, which reads the same
+        logits, so its output does not change; the next request tries the device again."""
+        print(f"localspec: the device gave no valid token for {where}: this request goes on with the "
+              f"argmax on the host", file=sys.stderr)
+        self.argmax_on_device(False)
 
     def abandon(self) -> None:
         """Drop a launched batch that nobody will finish: the cache holds `tokens` again."""
@@ -253,7 +267,14 @@ class Context:
             if hidden:
                 ll.llama_set_embeddings(self.ptr, True)
         row = len(chunk) - 1
-        self._last = (n, _native.sampled_token(self.ptr, row) if self._argmax is not None else self.logits(row).copy())
+        if self._argmax is None:
+            self._last = (n, self.logits(row).copy())
+        elif (token := _native.sampled_token(self.ptr, row)) >= 0:
+            self._last = (n, token)
+        else:  # the last chunk again, its rows read on the host (its outputs were handed out)
+            self._off_device("the prompt's last row")
+            self.truncate(n - len(chunk))
+            self.prefill(tokens, n_outputs)
         return reuse, self._last[1]
 
     def catch_up(self, tokens: Sequence[int]) -> int:

@@ -1,0 +1,212 @@
+"""Timing the loop where real weights cannot travel: synthetic acceptance, as llama.cpp's own
+`--spec-synth-rates` / `--spec-synth-len`, but lossless.
+
+llama.cpp accepts draft tokens at random and its output is then not the model's. Here the
+drafter proposes the target's own greedy continuation (known from a plain run of the same
+prompt) broken at a depth drawn with the given rates, and verification is the real one: the
+output is still plain decoding's, and the loop, its batches and its host work are what they
+are with any drafter accepted that often. Random-weight models of real shapes can so be timed
+at the acceptance a real drafter reaches."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from localspec.control.controllers import Fixed, Plain
+from localspec.drafters.base import Budget, Drafter
+from localspec.engine import Engine
+from localspec.errors import LocalspecError
+from localspec.loop import RunOptions, Stats, run
+from localspec.sampling import SamplingConfig
+from localspec.verify import DraftTree
+
+DEFAULT_K = 16  # draft tokens per chain where the rates are given as a mean length
+
+
+def parse_rates(text: str, k: int = DEFAULT_K) -> list[float]:
+    """Unconditional per-position acceptance probabilities (P(the draft's i-th token is
+    accepted)): "0.9,0.7,0.5" as given (non-increasing, within [0, 1]), or "len=L", a mean
+    accepted length L (the target's own token included) over k positions of one geometric
+    rate, resolved as llama.cpp's common_speculative_synth_rates_resolve does."""
+    text = text.strip()
+    if text.startswith("len="):
+        try:
+            length = float(text[4:])
+        except ValueError:
+            raise LocalspecError(f"--synthetic {text!r}: len= takes a number") from None
+        if not (math.isfinite(length) and 1.0 <= length <= k + 1):
+            raise LocalspecError(f"--synthetic {text!r}: a mean length within [1, {k + 1}] for {k} draft tokens")
+        if length == k + 1:
+            return [1.0] * k
+        lo, hi = 0.0, 1.0
+        for _ in range(48):  # the geometric rate p with p + p² + ... + p^k = L - 1
+            p = (lo + hi) / 2
+            lo, hi = (p, hi) if sum(p ** j for j in range(1, k + 1)) < length - 1 else (lo, p)
+        p = (lo + hi) / 2
+        return [p ** j for j in range(1, k + 1)]
+    try:
+        rates = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise LocalspecError(f"--synthetic {text!r}: comma-separated probabilities, or len=L") from None
+    if not rates or any(not (0.0 <= r <= 1.0) for r in rates) or any(b > a for a, b in zip(rates, rates[1:])):
+        raise LocalspecError(f"--synthetic {text!r}: probabilities within [0, 1], never increasing")
+    return rates
+
+
+def mean_length(rates: Sequence[float]) -> float:
+    """Tokens an iteration emits on average: the accepted drafts and the target's own."""
+    return 1.0 + sum(rates)
+
+
+class SyntheticDrafter(Drafter):
+    """Drafts `len(rates)` tokens of `truth` (the prompt and plain decoding's answer), the
+    first wrong one at a depth drawn with `rates`: position i stays right with probability
+    rates[i] / rates[i - 1] once all before it did. `branches` = 2 adds a second child at
+    every level, a leaf, that holds the right token, at the level where the chain broke, with
+    that level's conditional rate (a second guess as good as the first): a tree of 2K nodes.
+    `idle_every` = n: every n-th proposal is empty (a plain step inside a speculative run)."""
+
+    name = "synthetic"
+
+    def __init__(self, truth: Sequence[int], rates: Sequence[float], n_vocab: int, branches: int = 1,
+                 idle_every: int = 0, seed: int = 0):
+        self.truth = list(truth)
+        self.rates = list(rates)
+        self.conditional = [r / p if p > 0 else 0.0 for r, p in zip(self.rates, [1.0] + self.rates)]
+        self.n_vocab = n_vocab
+        self.branches = branches
+        self.idle_every = idle_every
+        self.rng = random.Random(seed)
+        self.proposals = 0
+
+    def wrong(self, token: int, k: int = 1) -> int:
+        return (token + k) % self.n_vocab
+
+    def propose(self, context: list[int], budget: Budget) -> DraftTree:
+        self.proposals += 1
+        if self.idle_every and self.proposals % self.idle_every == 0:
+            return DraftTree.empty()
+        n = len(context)
+        if self.truth[:n][-1:] != context[-1:]:
+            raise LocalspecError("the synthetic drafter's truth is not what the target decoded")
+        k = min(len(self.rates), budget.max_nodes // self.branches)
+        right = self.truth[n:n + k]
+        right += [self.wrong(right[-1] if right else context[-1])] * (k - len(right))  # past the end: wrong
+        broken = next((i for i in range(k) if self.rng.random() >= self.conditional[i]), k)
+        tokens, parents, reach = [], [], []
+        chain_parent = -1
+        for depth in range(k):
+            tokens.append(right[depth] if depth < broken else self.wrong(right[depth]))
+            parents.append(chain_parent)
+            reach.append(self.rates[depth])
+            chain_parent_next = len(tokens) - 1
+            if self.branches == 2:
+                second = depth == broken and self.rng.random() < self.conditional[depth]
+                tokens.append(right[depth] if second else self.wrong(right[depth], 2))
+                parents.append(chain_parent)
+                reach.append(0.0)
+            chain_parent = chain_parent_next
+        return DraftTree(np.asarray(tokens, np.int32), np.asarray(parents, np.int32), np.asarray(reach))
+
+
+@dataclass
+class Arm:
+    """One configuration's iterations over every prompt: (batch rows, seconds, forward
+    seconds, host seconds) each, and its tokens."""
+    name: str
+    branches: int = 0       # 0: plain decoding
+    idle_every: int = 0
+    steps: list[tuple[int, float, float, float]] = field(default_factory=list)
+    tokens: int = 0         # generated after each prompt's first token
+    seconds: float = 0.0
+    identical: int = 0      # prompts whose output was plain decoding's
+    runs: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def iterations_per_s(self) -> float:
+        return len(self.steps) / self.seconds if self.seconds else 0.0
+
+    def median_ms(self, column: int, batch: int | None = None) -> float | None:
+        values = [s[column] for s in self.steps if batch is None or s[0] == batch]
+        return float(np.median(values)) * 1e3 if values else None
+
+
+def arms(rates: Sequence[float]) -> list[Arm]:
+    k = len(rates)
+    return [Arm("plain"), Arm(f"chain K={k}", 1), Arm(f"tree 2×{k}", 2), Arm(f"chain K={k}, every 3rd step plain", 1, 3)]
+
+
+def run_synthetic(engine: Engine, prompts: list[list[int]], rates: Sequence[float], max_tokens: int,
+                  repeat: int = 1, seed: int = 0) -> list[Arm]:
+    """Plain decoding of each prompt gives its truth; then every arm runs it `repeat` times in
+    alternating order, through the loop as a request runs it (greedy, the context cold)."""
+    configs = arms(rates)
+    greedy = SamplingConfig(temperature=0)
+    ctx = engine.ctx
+    k = len(rates)
+    if 2 * k + 1 > ctx.config.n_batch or k + 1 > ctx.config.n_seq_max:
+        raise LocalspecError(f"a tree of 2×{k} needs n_batch ≥ {2 * k + 1} and {k + 1} sequences")
+    curve = engine.curve
+
+    def once(arm: Arm, prompt: list[int], truth: list[int], r: int) -> list[int]:
+        ctx.clear()
+        if arm.branches:
+            drafter = SyntheticDrafter(prompt + truth, rates, engine.model.n_vocab, arm.branches, arm.idle_every,
+                                       seed=seed + r)
+            controller = Fixed(drafter, Budget(curve, ctx.config.n_seq_max, k * arm.branches, static=True), arm.name)
+        else:
+            controller = Plain()
+        stats, out = Stats(), []
+        for it in run(ctx, controller, prompt, greedy, max_tokens, stats, RunOptions(stop_at_eog=False)):
+            out += it.tokens
+            if it.arm != "prompt":
+                arm.steps.append((1 + it.n_drafted, it.seconds, it.forward_seconds, it.host_seconds))
+        arm.tokens += stats.predicted_n - 1
+        arm.seconds += stats.predicted_ms / 1e3
+        return out
+
+    for prompt in prompts:
+        ctx.clear()
+        truth = [t for it in run(ctx, Plain(), prompt, greedy, max_tokens, None, RunOptions(stop_at_eog=False))
+                 for t in it.tokens]
+        for r in range(repeat):
+            for arm in configs if r % 2 == 0 else configs[::-1]:
+                out = once(arm, prompt, truth, r)
+                arm.identical += out == truth
+                arm.runs += 1
+    return configs
+
+
+def report(configs: list[Arm], rates: Sequence[float]) -> str:
+    """The arms side by side, then each arm's milliseconds by batch size."""
+    plain = configs[0]
+    rows = [f"synthetic acceptance: rates {', '.join(f'{r:.2f}' for r in rates)} (mean length "
+            f"{mean_length(rates):.2f} for a chain)", "",
+            "| arm | tokens/s | × plain | iterations/s | tokens/iteration | host ms/iter (median) | "
+            "forward share | identical to plain |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for a in configs:
+        share = sum(s[2] for s in a.steps) / sum(s[1] for s in a.steps) if a.steps else 0.0
+        rows.append(f"| {a.name} | {a.tokens_per_s:.1f} | {a.tokens_per_s / plain.tokens_per_s:.2f}× | "
+                    f"{a.iterations_per_s:.1f} | {a.tokens / max(1, len(a.steps)):.2f} | "
+                    f"{a.median_ms(3):.3f} | {share:.0%} | {a.identical}/{a.runs} |")
+    rows += ["", "| arm | batch | iterations | iteration ms | forward ms | host ms |", "|---|---:|---:|---:|---:|---:|"]
+    for a in configs:
+        for batch in sorted({s[0] for s in a.steps}):
+            n = sum(1 for s in a.steps if s[0] == batch)
+            rows.append(f"| {a.name} | {batch} | {n} | {a.median_ms(1, batch):.3f} | {a.median_ms(2, batch):.3f} | "
+                        f"{a.median_ms(3, batch):.3f} |")
+    mixed = configs[-1]
+    step, plain_step = mixed.median_ms(1, 1), plain.median_ms(1, 1)
+    if step and plain_step:
+        rows += ["", f"a no-draft step inside a speculative run: {step:.3f} ms against plain's {plain_step:.3f} ms "
+                 f"({step / plain_step:.3f}×)"]
+    return "\n".join(rows)
