@@ -275,6 +275,9 @@ class Context:
             self._off_device("the prompt's last row")
             self.truncate(n - len(chunk))
             self.prefill(tokens, n_outputs)
+            if not np.isfinite(self._last[1]).all():  # CUDA's argmax gives -1 for a row of NaN
+                print("localspec: the prompt's last row has logits that are not finite (NaN or inf in "
+                      "the forward)", file=sys.stderr)
         return reuse, self._last[1]
 
     def catch_up(self, tokens: Sequence[int]) -> int:
