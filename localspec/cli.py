@@ -57,6 +57,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="plan drafts as if a verification batch cost what one token does (as on "
                         "a GPU): drafters draft all they can, which measures their tau; slower "
                         "on a CPU")
+    p.add_argument("--shapes", type=arg_type(parse_shapes), default=None,
+                   help="batch sizes verification pads to, so llama.cpp (and CUDA) reuse a graph: "
+                        "auto (the default: on a GPU, powers of two that the cost curve finds "
+                        "worth a shape of their own; none on the CPU), off, or sizes (1,2,4,8,16)")
     p.add_argument("--argmax", choices=["device", "host"], default="device",
                    help="greedy requests: each row's argmax inside the target's graph (device, the "
                         "default: a token id per row comes back) or over its logits on the host")
@@ -97,6 +101,20 @@ def rpc_endpoints(text: str) -> tuple[str, ...]:
 drafter_spec = arg_type(DrafterSpec.parse)
 
 
+def parse_shapes(text: str) -> tuple[int, ...] | None:
+    if text == "auto":
+        return None
+    if text == "off":
+        return ()
+    try:
+        sizes = tuple(sorted({int(x) for x in text.split(",")}))
+    except ValueError:
+        raise LocalspecError(f"--shapes {text!r}: auto, off, or batch sizes such as 1,2,4,8,16") from None
+    if not sizes or sizes[0] < 1:
+        raise LocalspecError(f"--shapes {text!r}: batch sizes are at least 1")
+    return sizes
+
+
 def engine_config(a: argparse.Namespace, drafters: list[DrafterSpec]):
     """The engine for requests that run `drafters`: the first is its default, unless auto is
     among them (the bench's), which then is, so that auto's members are a user's auto's (the
@@ -105,7 +123,7 @@ def engine_config(a: argparse.Namespace, drafters: list[DrafterSpec]):
     default = next((d for d in drafters if d.kind == "auto"), drafters[0])
     return EngineConfig(a.model, a.ctx, a.threads, a.gpu_layers, a.flash_attn, strict=a.strict,
                         flat_cost=a.flat_cost, curve=a.curve, draft_curve=a.draft_curve, drafter=default,
-                        argmax_on_device=a.argmax == "device",
+                        argmax_on_device=a.argmax == "device", shapes=a.shapes,
                         features=any(d.uses_features for d in drafters) or None, rpc=a.rpc)
 
 

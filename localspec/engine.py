@@ -25,9 +25,9 @@ from localspec.drafters.suffix import StoreSetting
 from localspec.errors import LocalspecError
 from localspec.llama import Model
 from localspec.llama.context import ContextConfig, default_threads
-from localspec.llama.cost import CostCurve, LiveCurve, read_curve
+from localspec.llama.cost import POWERS_OF_TWO, CostCurve, LiveCurve, read_curve, stable_shapes
 from localspec.llama.model import LogHandler, set_log_handler
-from localspec.llama.placement import ALL_LAYERS, layers_that_fit, where
+from localspec.llama.placement import ALL_LAYERS, gpus, layers_that_fit, where
 from localspec.llama.planning import Planning
 from localspec.llama.slots import Slots
 from localspec.llama.text import TextStream, chat_tokens
@@ -72,6 +72,11 @@ class EngineConfig:
     # Greedy requests take each row's argmax inside the target's graph (a token id per row
     # comes back, not the row's logits), on every backend that can (False: on the host).
     argmax_on_device: bool = True
+    # The sizes verification batches are padded up to (ContextConfig.shapes). None: where the
+    # target's layers are offloaded (a GPU or RPC), powers of two, less those that cost about
+    # what the next does on the cost curve; on the CPU none (a padded row costs as much there
+    # as a real one). (): none.
+    shapes: tuple[int, ...] | None = None
     # rpc-servers (HOST:PORT) that hold the target's offloaded layers (all of them unless
     # n_gpu_layers says how many); drafters stay on this machine.
     rpc: tuple[str, ...] = ()
@@ -192,9 +197,13 @@ class Engine:
         load = functools.partial(load_model, cfg, self.progress, self.loads)
         self.model = load(path, repack=not cfg.strict, rpc=cfg.rpc)
         features = needs_features(cfg.drafter, cfg.features, bool(cfg.rpc), path)  # decided once
+        shapes = cfg.shapes
+        if shapes is None:
+            offloaded = self.model.n_gpu_layers > 0 and (bool(cfg.rpc) or bool(gpus()))
+            shapes = POWERS_OF_TWO if offloaded and not cfg.strict else ()
         config = ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads, flash_attn=cfg.flash_attn,
                                n_seq_max=cfg.n_seq_max, kv_type="bf16" if cfg.strict else "f16",
-                               embeddings=features, argmax_on_device=cfg.argmax_on_device)
+                               embeddings=features, argmax_on_device=cfg.argmax_on_device, shapes=shapes)
         self.slots = Slots(self.model, config, cfg.slots)
         self.ctx = self.slots.contexts[0]  # the slot the last request ran in
         self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, load, self.loads, ledger)
@@ -225,7 +234,10 @@ class Engine:
         with self.planning.request():
             self.controller(spec)
             if spec.kind != "none":
-                self.curve
+                curve = self.curve
+                if self.cfg.shapes is None:  # auto: the sizes worth their own shape on this curve
+                    for ctx in self.slots.contexts:
+                        ctx.shapes = stable_shapes(curve, ctx.shapes)
 
     def ready(self, spec: DrafterSpec) -> bool:
         """Whether a request with `spec` runs on what is loaded and measured (prepare(spec)

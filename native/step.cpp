@@ -43,19 +43,21 @@ int32_t path_sequences(const draft_tree & tree, std::vector<std::vector<int32_t>
 
 void drop(llama_memory_t mem, const launched & b) {
     for (int32_t s = 1; s < b.n_seqs; ++s) seq_rm(mem, s, 0, -1);
+    if (b.pad_seq >= 0) seq_rm(mem, b.pad_seq, 0, -1);
     seq_rm(mem, 0, b.n_past, -1);
 }
 
 }  // namespace
 
 int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int32_t n_pending,
-               const draft_tree & tree, bool all_pending_rows, launched & out) {
+               const draft_tree & tree, bool all_pending_rows, int32_t pad_to, int32_t pad_seq,
+               launched & out) {
     if (n_pending < 1) throw std::invalid_argument("launch: the root must be pending");
     std::vector<std::vector<int32_t>> seqs;
     out.n_past = n_past;
     out.n_pending = n_pending;
     out.n_seqs = std::max(1, path_sequences(tree, seqs));
-    if (out.n_seqs > int32_t(llama_n_seq_max(ctx))) {
+    if (out.n_seqs > (pad_seq >= 0 ? pad_seq : int32_t(llama_n_seq_max(ctx)))) {
         throw std::invalid_argument("launch: the tree has more leaves than the context has sequences");
     }
     out.tokens.assign(tree.tokens, tree.tokens + tree.n_nodes);
@@ -64,8 +66,11 @@ int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int
     llama_memory_t mem = llama_get_memory(ctx);
     for (int32_t s = 1; s < out.n_seqs; ++s) llama_memory_seq_cp(mem, 0, s, 0, -1);
 
-    // Rows: pending tokens (in every sequence), then the nodes at the root's position + depth.
-    const int32_t n_rows = n_pending + tree.n_nodes, root = n_pending - 1;
+    // Rows: pending tokens (in every sequence), then the nodes at the root's position + depth,
+    // then any padding.
+    const int32_t n_real = n_pending + tree.n_nodes, root = n_pending - 1;
+    const int32_t n_rows = pad_seq >= 0 ? std::max(n_real, pad_to) : n_real;
+    out.pad_seq = n_rows > n_real ? pad_seq : -1;
     std::vector<int32_t> tokens(n_rows), pos(n_rows), offsets(n_rows + 1, 0), flat, depth(tree.n_nodes);
     std::vector<int8_t>  outputs(n_rows, 0);
     for (int32_t i = 0; i < n_pending; ++i) {
@@ -84,6 +89,13 @@ int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int
         flat.insert(flat.end(), seqs[i].begin(), seqs[i].end());
         offsets[row + 1] = int32_t(flat.size());
         out.seq_of[i] = seqs[i][0];
+    }
+    for (int32_t row = n_real; row < n_rows; ++row) {  // outputs too: the batch's outputs keep their count
+        tokens[row] = pending[root];
+        pos[row] = n_past + root + 1 + (row - n_real);
+        outputs[row] = 1;
+        flat.push_back(pad_seq);
+        offsets[row + 1] = int32_t(flat.size());
     }
     const auto t0 = clock_type::now();
     const int32_t status = decode(ctx, n_rows, tokens.data(), pos.data(), offsets.data(), flat.data(),
@@ -180,6 +192,7 @@ step_result finish(llama_context * ctx, const launched & b, const int32_t * q_of
     const auto & path = res.verdict.path;
     while (res.n_cached < int32_t(path.size()) && path[res.n_cached] == res.n_cached) ++res.n_cached;
     const int32_t seq = res.n_cached ? b.seq_of[path[res.n_cached - 1]] : 0;
+    if (b.pad_seq >= 0) seq_rm(mem, b.pad_seq, 0, -1);
     if (b.n_seqs > 1) llama_memory_seq_keep(mem, seq);
     seq_rm(mem, seq, b.n_past + b.n_pending + res.n_cached, -1);
     if (seq != 0) {

@@ -20,6 +20,7 @@ struct launched {
     int32_t n_seqs    = 1;
     std::vector<int32_t> tokens, parents;  // the tree's
     std::vector<int32_t> seq_of;           // per node, one sequence holding it
+    int32_t pad_seq = -1;                  // the sequence of the padding rows (-1: none)
     double decode_s = 0.0;                 // in llama_decode
 };
 
@@ -46,9 +47,13 @@ llama_token device_token(llama_context * ctx, int32_t row);
 // the last is the tree's root) at n_past..., then the tree's nodes at n_past + n_pending - 1
 // + depth, each in the sequences of the root-to-leaf paths through it (sequences 1.. copy
 // sequence 0 first). Rows before the root output only with all_pending_rows (a feature drafter
-// reads them). Returns llama_decode's status; on failure the cache is as it was.
+// reads them). With pad_seq >= 0, rows nobody reads fill the batch up to pad_to rows, in that
+// sequence alone (no other row sees them; finish() drops them): batches of a few fixed sizes
+// let llama.cpp, and CUDA its captured graph, reuse the last iteration's graph. Returns
+// llama_decode's status; on failure the cache is as it was.
 int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int32_t n_pending,
-               const draft_tree & tree, bool all_pending_rows, launched & out);
+               const draft_tree & tree, bool all_pending_rows, int32_t pad_to, int32_t pad_seq,
+               launched & out);
 
 // Greedy acceptance on the device: a greedy sampler attached to every sequence puts an argmax
 // over each output row into the forward's own graph, so a batch hands back one token id per

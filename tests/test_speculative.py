@@ -150,6 +150,31 @@ def test_a_bad_token_from_the_device_sends_the_request_to_the_host(small_model, 
         assert ctx._argmax is not None and "no valid token" not in capfd.readouterr().err
 
 
+def test_padded_batches_change_nothing_but_their_shape(small_model, reference):
+    """Verification batches padded up to fixed sizes (ContextConfig.shapes: rows nobody reads,
+    in a sequence of their own, so llama.cpp can reuse its graph): greedy output is plain
+    decoding's with the argmax on the host and on the device, and after each iteration the
+    padding's sequence is empty and the cache holds exactly the emitted tokens."""
+    stats = Stats()
+    pad_seq = 8
+    for on_device, prompts in ((False, PROMPTS[1:8:3]), (True, PROMPTS[2:9:3])):
+        config = ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, argmax_on_device=on_device, shapes=(1, 4, 16))
+        with Context(small_model, config) as ctx:
+            prompt = small_model.tokenize(prompts[0])
+            ctx.prefill(prompt)
+            ctx.launch(prompt[-1:], np.array([1, 2], np.int32), np.array([-1, 0], np.int32))
+            assert ctx.seq_pos_max(pad_seq) == len(prompt) + 1  # one padding row: 3 rows became 4
+            empty = DraftTree.empty()
+            ctx.finish(empty.q_offsets, empty.q_ids, empty.q_probs, TokenSampler(GREEDY, prompt))
+            assert ctx.seq_pos_max(pad_seq) == -1
+            for p in prompts:
+                out = speculative(ctx, LookupDrafter(), small_model.tokenize(p), stats=stats)
+                assert out == reference[p], (p, on_device)
+                assert ctx.seq_pos_max(0) == len(ctx.tokens) - 1
+                assert all(ctx.seq_pos_max(s) == -1 for s in range(1, pad_seq + 1))
+    assert stats.draft_n_accepted > 50 and stats.draft_n - stats.draft_n_accepted > 20
+
+
 def test_a_token_outside_the_vocabulary_is_an_error_not_an_abort(small_model):
     """llama.cpp aborts the process on such an id; the model refuses it in one line."""
     for bad in (-1, small_model.n_vocab):

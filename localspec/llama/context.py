@@ -38,6 +38,10 @@ class ContextConfig:
     embeddings: bool = False   # also return final hidden states (the LM-head input)
     chunk: int = 128           # prompts are decoded in chunks starting at multiples of this (docs/benchmarks.md#prompts-in-chunks: 64 costs 9% of prefill speed, 128 1%)
     argmax_on_device: bool = False  # greedy requests take each row's argmax in the graph (see argmax_on_device)
+    # Verification batches are padded up to the next of these sizes (rows nobody reads, in a
+    # sequence of their own), so consecutive iterations keep their shape and llama.cpp (and
+    # CUDA its captured graph) reuse the last graph; (): batches as they come (see launch).
+    shapes: tuple[int, ...] = ()
 
 
 class Context:
@@ -51,7 +55,7 @@ class Context:
         p.n_ctx = config.n_ctx
         p.n_batch = config.n_batch
         p.n_ubatch = min(config.n_ubatch, config.n_batch)
-        p.n_seq_max = config.n_seq_max
+        p.n_seq_max = config.n_seq_max + (1 if config.shapes else 0)  # the last: padding's
         # A draft tree's rows are all outputs, and the pending tokens and root are in every
         # sequence: with the argmax in the graph, a sequence may output a whole batch.
         p.n_outputs_max_per_seq = config.n_batch
@@ -80,6 +84,8 @@ class Context:
         self._last: tuple[int, np.ndarray | int] | None = None
         self._inflight = None  # a launched batch not yet finished (launch, finish)
         self._argmax: _native.ArgmaxOnDevice | None = None  # see argmax_on_device
+        self.shapes = sorted(config.shapes)  # the engine may narrow them to its cost curve's
+        self._pad_seq = config.n_seq_max if config.shapes else -1
         self._one = (np.zeros(1, np.int32), np.zeros(1, np.int32), np.array([0, 1], np.int32),
                      np.zeros(1, np.int32), np.ones(1, np.int8))
 
@@ -141,7 +147,11 @@ class Context:
             raise LocalspecError(f"batch of {n} tokens exceeds n_batch={self.config.n_batch}")
         self._check_room(n)
         pending = np.asarray(pending, np.int32)
-        batch, status = _native.launch(self.ptr, len(self.tokens), pending, tokens, parents, all_pending_rows)
+        pad_to = next((s for s in self.shapes if s >= n), n)
+        if pad_to > self.config.n_batch or len(self.tokens) + pad_to > self.n_ctx:
+            pad_to = n
+        batch, status = _native.launch(self.ptr, len(self.tokens), pending, tokens, parents, all_pending_rows,
+                                       pad_to, self._pad_seq)
         _check_status(status, n)
         self._inflight = (batch, pending, tokens, parents, all_pending_rows)
 

@@ -189,6 +189,23 @@ class LiveCurve:
         return self.base.exact_batch
 
 
+POWERS_OF_TWO = (1, 2, 4, 8, 16, 32, 64)
+
+
+def stable_shapes(curve, sizes) -> tuple[int, ...]:
+    """Of the batch sizes verification may pad to, those worth a shape of their own on `curve`
+    (a CostCurve or LiveCurve): each costs at least 5% less than the next larger one kept (on
+    the H200's 7B a batch of 16 costs what 8 does: 8 goes, and a tree of 9-16 rows pads to 16).
+    A single row stays: plain steps are never padded."""
+    seconds = curve.seconds
+    cost = lambda n: seconds[min(n, len(seconds)) - 1]  # noqa: E731
+    kept: list[int] = []
+    for n in sorted(sizes, reverse=True):
+        if not kept or cost(n) < 0.95 * cost(kept[-1]):
+            kept.append(n)
+    return tuple(sorted(set(kept) | {1}))
+
+
 def filler_tokens(ctx: Context, n: int) -> list[int]:
     """Ordinary (not special) token ids spread over the vocabulary: timing and rounding do not
     depend on what the tokens say."""
