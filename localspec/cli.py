@@ -391,6 +391,7 @@ def bench_synthetic(a: argparse.Namespace) -> None:
     cfg = replace(cfg, n_seq_max=max(cfg.n_seq_max, len(rates) + 1), store=StoreSetting("off"))
     engine = Engine(cfg, progress=StderrProgress())
     try:
+        engine.prepare(DrafterSpec("lookup"))  # the cost curve, and the batch shapes it keeps
         prompts = [prompt_tokens(engine, p) for p in workloads.load_warm(a.workload, a.limit)[0]]
         configs = synthetic.run_synthetic(engine, prompts, rates, a.max_tokens, a.repeat)
         print(f"\n{engine.model.path.stem} · {a.workload} × {len(prompts)} · {a.max_tokens} tokens"
