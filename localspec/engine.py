@@ -69,9 +69,10 @@ class EngineConfig:
     # The suffix store, which learns from every answer (StoreSetting.parse takes "" for the
     # target tokenizer's in the cache directory, a directory, ":memory:" or "off").
     store: StoreSetting = StoreSetting()
-    # Greedy requests take each row's argmax inside the target's graph (a token id per row
-    # comes back, not the row's logits), on every backend that can (False: on the host).
-    argmax_on_device: bool = True
+    # Requests take what acceptance needs of each row from a sampler inside the target's graph
+    # (greedy its argmax, top-k its candidates; loop.device_sampling), not the row's full
+    # logits, on every backend that can (False: full rows on the host).
+    sample_on_device: bool = True
     # The sizes verification batches are padded up to (ContextConfig.shapes). None: where the
     # target's layers are offloaded (a GPU or RPC), powers of two, less those that cost about
     # what the next does on the cost curve; on the CPU none (a padded row costs as much there
@@ -203,7 +204,7 @@ class Engine:
             shapes = POWERS_OF_TWO if offloaded and not cfg.strict else ()
         config = ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads, flash_attn=cfg.flash_attn,
                                n_seq_max=cfg.n_seq_max, kv_type="bf16" if cfg.strict else "f16",
-                               embeddings=features, argmax_on_device=cfg.argmax_on_device, shapes=shapes)
+                               embeddings=features, sample_on_device=cfg.sample_on_device, shapes=shapes)
         self.slots = Slots(self.model, config, cfg.slots)
         self.ctx = self.slots.contexts[0]  # the slot the last request ran in
         self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, load, self.loads, ledger)

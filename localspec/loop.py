@@ -143,9 +143,7 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
         d.begin(prompt, sampling)
     controller.begin()
     sampler = TokenSampler(sampling, prompt)
-    # Greedy without penalties or near-ties to settle needs no more of a row than its argmax.
-    ctx.argmax_on_device(ctx.config.argmax_on_device and sampling.temperature <= 0
-                         and sampling.repeat_penalty == 1.0 and tie_bound <= 0)
+    ctx.sample_on_device(device_sampling(sampling, tie_bound) if ctx.config.sample_on_device else None)
     followers = [d for d in drafters if d.feature_window]  # they read the target's features
 
     def commit(first_pos: int, rows: list[int]) -> None:
@@ -239,6 +237,21 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
             yield done
     finally:
         ctx.abandon()  # the caller stopped with a forward in flight: the cache holds ctx.tokens
+
+
+# The most candidates a row hands back from the device: beyond it, the full row costs little more.
+MAX_DEVICE_TOP_K = 256
+
+
+def device_sampling(sampling: SamplingConfig, tie_bound: float) -> int | None:
+    """What of each row the request needs from a sampler on the device: greedy without
+    penalties or near-ties to settle its argmax (0); T > 0 with top-k and without penalties
+    its top-k candidates (k); anything else the whole row (None: on the host)."""
+    if sampling.repeat_penalty != 1.0:
+        return None
+    if sampling.temperature <= 0:
+        return 0 if tie_bound <= 0 else None
+    return sampling.top_k if 0 < sampling.top_k <= MAX_DEVICE_TOP_K else None
 
 
 def settle(ctx: Context, sampler: TokenSampler, pending: list[int]) -> int:

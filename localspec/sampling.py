@@ -56,8 +56,12 @@ class TokenSampler:
         if self.window:
             self.history = np.concatenate([self.history, np.asarray(tokens, np.int32)])[-self.window:]
 
-    def sample(self, logits: np.ndarray) -> int:
-        return self.sampler.sample(logits, self.history, self.rng)
+    def sample(self, row: np.ndarray | tuple[np.ndarray, np.ndarray]) -> int:
+        """Draw from a row's full logits, or from its best candidates' (ids, logits), which a
+        top-k sampler on the device hands back (Context.sample_on_device)."""
+        if isinstance(row, tuple):
+            return self.sampler.sample_candidates(*row, self.rng)
+        return self.sampler.sample(row, self.history, self.rng)
 
     def distribution(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.sampler.distribution(logits, self.history)

@@ -30,16 +30,42 @@ namespace {
 int32_t     good_reads_left = 0;
 llama_token bad_token       = -1;
 
+ls::device_token_reader      real_token_reader      = nullptr;
+ls::device_candidates_reader real_candidates_reader = nullptr;
+
+void heal() {
+    ls::read_device_token = real_token_reader;
+    ls::read_device_candidates = real_candidates_reader;
+}
+
 llama_token faulty_device_token(llama_context * ctx, int32_t row) {
-    if (good_reads_left-- > 0) return llama_get_sampled_token_ith(ctx, row);
-    ls::read_device_token = llama_get_sampled_token_ith;
+    if (good_reads_left-- > 0) return real_token_reader(ctx, row);
+    heal();
     return bad_token;
 }
 
+// A row's candidates: none, or (bad_token an id) one of them replaced by it.
+thread_local std::vector<int32_t> bad_ids;
+int32_t faulty_device_candidates(llama_context * ctx, int32_t row, const int32_t ** ids, float ** logits) {
+    const int32_t n = real_candidates_reader(ctx, row, ids, logits);
+    if (good_reads_left-- > 0) return n;
+    heal();
+    if (bad_token < 0 || n == 0) return 0;
+    bad_ids.assign(*ids, *ids + n);
+    bad_ids[0] = bad_token;
+    *ids = bad_ids.data();
+    return n;
+}
+
 void fail_device_token(int32_t after, llama_token value) {
+    if (!real_token_reader) {
+        real_token_reader = ls::read_device_token;
+        real_candidates_reader = ls::read_device_candidates;
+    }
     good_reads_left = after;
     bad_token = value;
     ls::read_device_token = faulty_device_token;
+    ls::read_device_candidates = faulty_device_candidates;
 }
 
 template <typename T> using vec_in = nb::ndarray<T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
@@ -157,7 +183,16 @@ NB_MODULE(_native, m) {
                             int32_t(history.shape(0)), d);
                 return ls::draw(d, r);
             },
-            "logits"_a, "history"_a, "rng"_a, "Transform the row and draw one token.");
+            "logits"_a, "history"_a, "rng"_a, "Transform the row and draw one token.")
+        .def(
+            "sample_candidates",
+            [](ls::sampler & s, vec_in<const int32_t> ids, vec_in<const float> logits, ls::rng & r) {
+                if (ids.shape(0) != logits.shape(0) || ids.shape(0) == 0) throw nb::value_error("sample_candidates: bad row");
+                ls::distribution d;
+                s.transform(ids.data(), logits.data(), int32_t(ids.shape(0)), d);
+                return ls::draw(d, r);
+            },
+            "ids"_a, "logits"_a, "rng"_a, "Transform a row's best candidates (a top-k on the device) and draw one token.");
 
     m.def(
         "decode",
@@ -202,7 +237,7 @@ NB_MODULE(_native, m) {
         "finish",
         [](uintptr_t ctx, const ls::launched & batch, vec_in<const int32_t> q_offsets, vec_in<const int32_t> q_ids,
            vec_in<const float> q_probs, ls::sampler & smp, vec_in<const int32_t> history, ls::rng & r,
-           float tie_bound, bool on_device) {
+           float tie_bound, int32_t rows) {
             const size_t n = batch.tokens.size();
             const bool sampled = q_offsets.shape(0) > 0;
             if (sampled && (q_offsets.shape(0) != n + 1 || size_t(q_offsets(n)) != q_ids.shape(0) ||
@@ -214,26 +249,36 @@ NB_MODULE(_native, m) {
                 nb::gil_scoped_release release;
                 res = ls::finish(reinterpret_cast<llama_context *>(ctx), batch, sampled ? q_offsets.data() : nullptr,
                                  sampled ? q_ids.data() : nullptr, sampled ? q_probs.data() : nullptr, smp, r,
-                                 history.data(), int32_t(history.shape(0)), tie_bound, on_device);
+                                 history.data(), int32_t(history.shape(0)), tie_bound, ls::rows_from(rows));
             }
             return nb::make_tuple(res.verdict.path, res.verdict.next, res.verdict.unsettled, res.n_cached,
                                   res.forward_s, res.device_failed);
         },
         "ctx"_a, "batch"_a, "q_offsets"_a, "q_ids"_a, "q_probs"_a, "sampler"_a, "history"_a, "rng"_a,
-        "tie_bound"_a = 0.0f, "on_device"_a = false,
+        "tie_bound"_a = 0.0f, "rows"_a = 0,
         "Wait for a launched batch, verify its tree, keep the accepted path in the KV cache.\n"
         "Returns (accepted node indices, next token, unsettled, nodes cached, seconds in the forward,\n"
         "device failed: a row had no valid token from the device; nothing kept, the batch dropped).");
-    nb::class_<ls::argmax_on_device>(m, "ArgmaxOnDevice")
-        .def("__init__", [](ls::argmax_on_device * self, uintptr_t ctx) {
+    nb::class_<ls::sampler_on_device>(m, "SamplerOnDevice")
+        .def("__init__", [](ls::sampler_on_device * self, uintptr_t ctx, int32_t top_k) {
                  try {
-                     new (self) ls::argmax_on_device(reinterpret_cast<llama_context *>(ctx));
+                     new (self) ls::sampler_on_device(reinterpret_cast<llama_context *>(ctx), top_k);
                  } catch (const std::runtime_error & e) {
                      throw nb::value_error(e.what());
                  }
-             }, "ctx"_a)
-        .def("detach", &ls::argmax_on_device::detach)
-        .def_prop_ro("attached", &ls::argmax_on_device::attached);
+             }, "ctx"_a, "top_k"_a = 0)
+        .def("detach", &ls::sampler_on_device::detach)
+        .def_prop_ro("attached", &ls::sampler_on_device::attached);
+    m.def(
+        "sampled_candidates",
+        [](uintptr_t ctx, int32_t row) {
+            const int32_t * ids = nullptr;
+            float * logits = nullptr;
+            const int32_t n = ls::device_candidates(reinterpret_cast<llama_context *>(ctx), row, &ids, &logits);
+            return std::make_tuple(to_numpy(std::vector<int32_t>(ids, ids + n)),
+                                   to_numpy(std::vector<float>(logits, logits + n)));
+        },
+        "ctx"_a, "row"_a, "(ids, logits) of a batch row's best candidates from a top-k sampler on the device (empty: none).");
     m.def(
         "sampled_token",
         [](uintptr_t ctx, int32_t row) { return ls::device_token(reinterpret_cast<llama_context *>(ctx), row); },
@@ -267,7 +312,8 @@ NB_MODULE(_native, m) {
                 tree.tokens = drawn.data();
                 // A Markov target: the logits after token x are markov[x], whatever came before.
                 auto row = [&](int32_t i) {
-                    return i == 0 ? root_row.data() : markov.data() + size_t(drawn[i - 1]) * n_vocab;
+                    return ls::row_view{i == 0 ? root_row.data() : markov.data() + size_t(drawn[i - 1]) * n_vocab,
+                                        nullptr, n_vocab};
                 };
                 for (int64_t t = 0; t < n_trials; ++t) {
                     if (tree.q_offsets) {  // sampled drafts: draw each node from its q afresh

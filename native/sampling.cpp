@@ -125,6 +125,30 @@ void sampler::transform(float * logits, int32_t n_vocab, const int32_t * history
         max_logit = 0.0f;
         sum = 1.0;
     }
+    finish(max_logit, sum, out);
+}
+
+void sampler::transform(const int32_t * ids, const float * logits, int32_t n, distribution & out) {
+    const sampling_params & p = params_;
+    out.ids.clear();
+    out.probs.clear();
+    scratch_.clear();
+    for (int32_t i = 0; i < n; ++i) scratch_.emplace_back(logits[i], ids[i]);
+    std::sort(scratch_.begin(), scratch_.end(), before);
+    if (greedy()) {
+        out.ids.push_back(scratch_[0].second);
+        out.probs.push_back(1.0f);
+        return;
+    }
+    if (p.top_k > 0 && p.top_k < n) scratch_.resize(p.top_k);
+    const float max_logit = scratch_[0].first;
+    double sum = 0.0;
+    for (const auto & c : scratch_) sum += std::exp(c.first - max_logit);
+    finish(max_logit, sum, out);
+}
+
+void sampler::finish(float max_logit, double sum, distribution & out) {
+    const sampling_params & p = params_;
     const int32_t n_cand = int32_t(scratch_.size());
     std::vector<float> & w = out.probs;
     w.resize(n_cand);

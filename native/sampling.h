@@ -45,7 +45,15 @@ public:
     void transform(float * logits, int32_t n_vocab, const int32_t * history, int32_t n_history,
                    distribution & out);
 
+    // The same from a row's best candidates (ids and their logits, any order) rather than the
+    // whole row: what a top-k sampler in the forward's graph hands back. Exact when they are
+    // the row's top_k best (or more) and no penalty applies (neither needs the whole row).
+    void transform(const int32_t * ids, const float * logits, int32_t n, distribution & out);
+
 private:
+    // From scratch_ (candidates best first) on: top-p, min-p, temperature, the softmax.
+    void finish(float max_logit, double sum, distribution & out);
+
     sampling_params params_;
     std::vector<std::pair<int32_t, float>> saved_;   // penalised entries to restore
     std::vector<std::pair<float, int32_t>> scratch_; // (logit, id) candidates

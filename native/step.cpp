@@ -105,24 +105,47 @@ int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int
     return status;
 }
 
-argmax_on_device::argmax_on_device(llama_context * ctx) : ctx_(ctx) {
+sampler_on_device::sampler_on_device(llama_context * ctx, int32_t top_k) : ctx_(ctx) {
     for (uint32_t s = 0; s < llama_n_seq_max(ctx); ++s) {
         llama_sampler * chain = llama_sampler_chain_init(llama_sampler_chain_default_params());
-        llama_sampler_chain_add(chain, llama_sampler_init_greedy());
+        llama_sampler_chain_add(chain, top_k > 0 ? llama_sampler_init_top_k(top_k) : llama_sampler_init_greedy());
         chains_.push_back(chain);
         if (!llama_set_sampler(ctx, llama_seq_id(s), chain)) {
             detach();
-            throw std::runtime_error("this llama.cpp backend cannot take the argmax into its graph");
+            throw std::runtime_error("this llama.cpp backend cannot take the sampler into its graph");
         }
     }
 }
 
-void argmax_on_device::detach() {
+void sampler_on_device::detach() {
     for (size_t s = 0; s < chains_.size(); ++s) {
         llama_set_sampler(ctx_, llama_seq_id(s), nullptr);
         llama_sampler_free(chains_[s]);
     }
     chains_.clear();
+}
+
+namespace {
+
+int32_t llama_candidates(llama_context * ctx, int32_t row, const int32_t ** ids, float ** logits) {
+    const int32_t n = int32_t(llama_get_sampled_logits_count_ith(ctx, row));
+    if (n <= 0 || int32_t(llama_get_sampled_candidates_count_ith(ctx, row)) != n) return 0;
+    *ids = llama_get_sampled_candidates_ith(ctx, row);
+    *logits = llama_get_sampled_logits_ith(ctx, row);
+    return *ids && *logits ? n : 0;
+}
+
+}  // namespace
+
+device_candidates_reader read_device_candidates = llama_candidates;
+
+int32_t device_candidates(llama_context * ctx, int32_t row, const int32_t ** ids, float ** logits) {
+    const int32_t n = read_device_candidates(ctx, row, ids, logits);
+    const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx)));
+    for (int32_t i = 0; i < n; ++i) {
+        if ((*ids)[i] < 0 || (*ids)[i] >= n_vocab) return 0;
+    }
+    return n;
 }
 
 device_token_reader read_device_token = llama_get_sampled_token_ith;
@@ -160,7 +183,7 @@ bool verify_greedy_on_device(llama_context * ctx, const draft_tree & tree, verif
 
 step_result finish(llama_context * ctx, const launched & b, const int32_t * q_offsets,
                    const int32_t * q_ids, const float * q_probs, sampler & smp, rng & r,
-                   const int32_t * history, int32_t n_history, float tie_bound, bool on_device) {
+                   const int32_t * history, int32_t n_history, float tie_bound, rows_from rows) {
     step_result res;
     const auto t0 = clock_type::now();
     llama_synchronize(ctx);  // GPU and RPC backends return from llama_decode before they finish
@@ -175,16 +198,32 @@ step_result finish(llama_context * ctx, const launched & b, const int32_t * q_of
     tree.q_ids     = q_ids;
     tree.q_probs   = q_probs;
     llama_memory_t mem = llama_get_memory(ctx);
-    if (on_device) {
-        if (!verify_greedy_on_device(ctx, tree, res.verdict)) {
-            res.verdict = {};
-            res.device_failed = true;
-            drop(mem, b);
-            return res;
+    const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx)));
+    bool ok = true;
+    if (rows == rows_from::device_argmax) {
+        ok = verify_greedy_on_device(ctx, tree, res.verdict);
+    } else if (rows == rows_from::device_top_k) {
+        auto candidates = [ctx](int32_t row) {
+            row_view v;
+            const int32_t * ids = nullptr;
+            v.n = device_candidates(ctx, row, &ids, &v.logits);
+            v.ids = ids;
+            if (v.n == 0) v.logits = nullptr;
+            return v;
+        };
+        try {
+            res.verdict = verify_tree(candidates, n_vocab, tree, smp, r, history, n_history, tie_bound);
+        } catch (const missing_row &) {
+            ok = false;
         }
     } else {
-        res.verdict = verify_tree(ctx, llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx))), tree,
-                                  smp, r, history, n_history, tie_bound);
+        res.verdict = verify_tree(ctx, n_vocab, tree, smp, r, history, n_history, tie_bound);
+    }
+    if (!ok) {
+        res.verdict = {};
+        res.device_failed = true;
+        drop(mem, b);
+        return res;
     }
 
     // Keep the accepted path up to its first gap: node i sits in the i-th cell after the root

@@ -55,16 +55,18 @@ int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int
                const draft_tree & tree, bool all_pending_rows, int32_t pad_to, int32_t pad_seq,
                launched & out);
 
-// Greedy acceptance on the device: a greedy sampler attached to every sequence puts an argmax
-// over each output row into the forward's own graph, so a batch hands back one token id per
-// row instead of its full-vocabulary logits (600 KB a row for Qwen, copied off a GPU and then
-// scanned on the host). While attached, the context's rows have no logits to read.
-class argmax_on_device {
+// Sampling on the device: a sampler chain attached to every sequence runs inside the
+// forward's graph, so a row hands back what acceptance needs instead of its full-vocabulary
+// logits (600 KB a row for Qwen, copied off a GPU and then scanned on the host): with top_k 0,
+// greedy's argmax (one token id); with top_k k, the row's k best candidates and their logits,
+// all that exact acceptance under top-k truncation reads (top-p, min-p and temperature apply
+// to them on the host). While attached, the context's rows have no full logits to read.
+class sampler_on_device {
 public:
-    explicit argmax_on_device(llama_context * ctx);
-    ~argmax_on_device() { detach(); }
-    argmax_on_device(const argmax_on_device &) = delete;
-    argmax_on_device & operator=(const argmax_on_device &) = delete;
+    sampler_on_device(llama_context * ctx, int32_t top_k);
+    ~sampler_on_device() { detach(); }
+    sampler_on_device(const sampler_on_device &) = delete;
+    sampler_on_device & operator=(const sampler_on_device &) = delete;
 
     void detach();  // the rows' logits come back again
     bool attached() const { return !chains_.empty(); }
@@ -74,14 +76,25 @@ private:
     std::vector<llama_sampler *> chains_;  // one per sequence
 };
 
+// Where a row's candidates from the device's top-k are read: their count (0: none), and where
+// the ids and logits lie. The test surface swaps it as it does read_device_token.
+using device_candidates_reader = int32_t (*)(llama_context * ctx, int32_t row, const int32_t ** ids,
+                                              float ** logits);
+extern device_candidates_reader read_device_candidates;
+int32_t device_candidates(llama_context * ctx, int32_t row, const int32_t ** ids, float ** logits);
+
+// How finish() reads the rows: their full logits on the host, the device's argmax, or the
+// device's top-k candidates.
+enum class rows_from : int32_t { host = 0, device_argmax = 1, device_top_k = 2 };
+
 // Wait for the batch, verify the tree (q_* of `tree` as launched: sampled drafts' distributions),
 // and keep in sequence 0 the pending tokens and the accepted path up to its first gap; every
 // other sequence is emptied. Throws if a KV edit fails.
-// With argmax_on_device attached (greedy only), the walk reads each row's token id instead; a
-// row without a valid one ends it with device_failed set and the batch dropped.
+// With a sampler on the device, the walk reads each row's token id or candidates instead; a row
+// without valid ones ends it with device_failed set and the batch dropped.
 step_result finish(llama_context * ctx, const launched & batch, const int32_t * q_offsets,
                    const int32_t * q_ids, const float * q_probs, sampler & smp, rng & r,
-                   const int32_t * history, int32_t n_history, float tie_bound, bool on_device);
+                   const int32_t * history, int32_t n_history, float tie_bound, rows_from rows);
 
 // Wait for the batch and drop what it added: the cache is as it was before launch().
 void abandon(llama_context * ctx, const launched & batch);

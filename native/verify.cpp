@@ -106,15 +106,19 @@ verify_result verify_tree(const logits_rows & rows, int32_t n_vocab, const draft
     distribution p;
     int32_t cur = -1;  // the root
     for (;;) {
-        float * logits = rows(tree.root_row + cur + 1);
-        if (!logits) throw std::runtime_error("verify: no logits for batch row " + std::to_string(tree.root_row + cur + 1));
-        if (tie_bound > 0.0f && smp.greedy() && top_two_gap(logits, n_vocab) < tie_bound) {
+        const row_view row = rows(tree.root_row + cur + 1);
+        if (!row.logits) throw missing_row("verify: no logits for batch row " + std::to_string(tree.root_row + cur + 1));
+        if (tie_bound > 0.0f && smp.greedy() && top_two_gap(row.logits, row.n) < tie_bound) {
             res.unsettled = true;  // this row could rank differently in a single-token forward
             return res;
         }
-        const int32_t * h   = hist.data() + std::max<int32_t>(0, int32_t(hist.size()) - window);
-        const int32_t   n_h = std::min<int32_t>(int32_t(hist.size()), window);
-        smp.transform(logits, n_vocab, h, n_h, p);
+        if (row.ids) {
+            smp.transform(row.ids, row.logits, row.n, p);
+        } else {
+            const int32_t * h   = hist.data() + std::max<int32_t>(0, int32_t(hist.size()) - window);
+            const int32_t   n_h = std::min<int32_t>(int32_t(hist.size()), window);
+            smp.transform(row.logits, row.n, h, n_h, p);
+        }
         const auto & kids = children[cur + 1];
         int32_t next = -1;
         if (!kids.empty()) {
@@ -135,8 +139,8 @@ verify_result verify_tree(const logits_rows & rows, int32_t n_vocab, const draft
 verify_result verify_tree(llama_context * ctx, int32_t n_vocab, const draft_tree & tree,
                           sampler & smp, rng & r, const int32_t * history, int32_t n_history,
                           float tie_bound) {
-    return verify_tree([ctx](int32_t row) { return llama_get_logits_ith(ctx, row); }, n_vocab,
-                       tree, smp, r, history, n_history, tie_bound);
+    return verify_tree([ctx, n_vocab](int32_t row) { return row_view{llama_get_logits_ith(ctx, row), nullptr, n_vocab}; },
+                       n_vocab, tree, smp, r, history, n_history, tie_bound);
 }
 
 }  // namespace ls

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <vector>
 
 #include "llama.h"
@@ -32,8 +33,15 @@ struct verify_result {
                                              // single-token forward of the path's end
 };
 
-// The logits of batch row i.
-using logits_rows = std::function<float *(int32_t)>;
+// A batch row's logits: the whole vocabulary's (ids null), or its best candidates' (ids[i]'s
+// logit is logits[i]: a top-k sampler in the forward's graph handed them back). No logits:
+// the row had none.
+struct row_view {
+    float         * logits = nullptr;
+    const int32_t * ids    = nullptr;
+    int32_t         n      = 0;
+};
+using logits_rows = std::function<row_view(int32_t)>;
 
 // Walk the tree from the root, computing the target distribution only at the nodes the walk
 // visits, with the same sampling transform plain generation uses. `history` is the
@@ -43,10 +51,15 @@ verify_result verify_tree(const logits_rows & rows, int32_t n_vocab, const draft
                           sampler & smp, rng & r, const int32_t * history, int32_t n_history,
                           float tie_bound);
 
-// The same, reading llama.cpp's output buffer in place.
+// The same, reading llama.cpp's output buffer in place (its full rows).
 verify_result verify_tree(llama_context * ctx, int32_t n_vocab, const draft_tree & tree,
                           sampler & smp, rng & r, const int32_t * history, int32_t n_history,
                           float tie_bound);
+
+// A row the verifier needs has no logits (from the device: no candidates came back for it).
+struct missing_row : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
 
 // The three acceptance rules, one step each: given the target distribution p at a node and
 // that node's children, return the accepted child or -1. On -1, p holds the distribution to

@@ -43,7 +43,7 @@ def timed_decode(*args):
 
 
 _native.decode = timed_decode
-extra = {} if a.argmax is None else {"argmax_on_device": a.argmax == "device"}
+extra = {} if a.argmax is None else {"sample_on_device": a.argmax == "device"}
 engine = Engine(EngineConfig(model=a.model, threads=a.threads, store=":memory:", **extra))
 engine.curve
 prompts = [prompt_tokens(engine, p) for p in workloads.load(a.workload, a.limit)]

@@ -108,7 +108,7 @@ def test_argmax_on_device_greedy_identical_to_plain(small_model, reference):
     speculative decoding, chains and trees, give what plain decoding with the host's argmax
     gives, and the KV cache holds exactly the emitted tokens afterwards."""
     stats = Stats()
-    config = ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, argmax_on_device=True)
+    config = ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, sample_on_device=True)
     with Context(small_model, config) as ctx:
         for p in PROMPTS[::2]:
             prompt = small_model.tokenize(p)
@@ -132,7 +132,7 @@ def test_a_bad_token_from_the_device_sends_the_request_to_the_host(small_model, 
     module's test surface, not a branch on the request path."""
     from localspec import _native
 
-    config = ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, argmax_on_device=True)
+    config = ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, sample_on_device=True)
     bad_id = small_model.n_vocab + 7
     with Context(small_model, config) as ctx:
         for p, after, value, where in ((PROMPTS[0], 0, -1, "the prompt's last row"),
@@ -143,11 +143,43 @@ def test_a_bad_token_from_the_device_sends_the_request_to_the_host(small_model, 
             assert speculative(ctx, LookupDrafter(), prompt) == reference[p], (p, where)
             err = capfd.readouterr().err
             assert err.count("no valid token") == 1 and where in err, err
-            assert ctx._argmax is None  # the rest of that request ran on the host
+            assert ctx._device is None  # the rest of that request ran on the host
             assert ctx.seq_pos_max(0) == len(ctx.tokens) - 1
             assert all(ctx.seq_pos_max(s) == -1 for s in range(1, 8))
         assert speculative(ctx, LookupDrafter(), small_model.tokenize(PROMPTS[0])) == reference[PROMPTS[0]]
-        assert ctx._argmax is not None and "no valid token" not in capfd.readouterr().err
+        assert ctx._device is not None and "no valid token" not in capfd.readouterr().err
+
+
+def test_top_k_on_the_device_samples_what_the_host_samples(small_model, capfd):
+    """T > 0 with top-k: each verified row hands back only its k best candidates and their
+    logits from a top-k sampler in the graph, which is all exact acceptance under top-k
+    truncation reads. They are the very logits the host would read, so with the same seed
+    plain and speculative decoding draw the same tokens as with full rows on the host (and
+    the distribution tests, on the host path, hold for both). A row without candidates from
+    the device sends the request to the host, as greedy's argmax does."""
+    from localspec import _native
+
+    sampling = SamplingConfig(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=7)
+    outputs, stats = {}, Stats()
+    for on_device in (False, True):
+        config = ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, sample_on_device=on_device)
+        with Context(small_model, config) as ctx:
+            for p in PROMPTS[:6:2]:
+                prompt = small_model.tokenize(p)
+                outputs[on_device, "plain", p] = plain(ctx, prompt, 64, sampling)
+                outputs[on_device, "lookup", p] = speculative(ctx, LookupDrafter(), prompt, 64, sampling,
+                                                              stats if on_device else None)
+                assert (ctx._device is not None) == on_device
+            if on_device:
+                for after in (0, 4):
+                    _native.testing_fail_device_token(after, -1)
+                    p = PROMPTS[0]
+                    assert speculative(ctx, LookupDrafter(), small_model.tokenize(p), 64, sampling) == \
+                        outputs[True, "lookup", p]
+                    assert capfd.readouterr().err.count("no valid token") == 1
+    for (on_device, how, p), out in outputs.items():
+        assert out == outputs[False, how, p], (how, p)
+    assert stats.draft_n_accepted > 20 and stats.draft_n - stats.draft_n_accepted > 20
 
 
 def test_padded_batches_change_nothing_but_their_shape(small_model, reference):
@@ -158,7 +190,7 @@ def test_padded_batches_change_nothing_but_their_shape(small_model, reference):
     stats = Stats()
     pad_seq = 8
     for on_device, prompts in ((False, PROMPTS[1:8:3]), (True, PROMPTS[2:9:3])):
-        config = ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, argmax_on_device=on_device, shapes=(1, 4, 16))
+        config = ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, sample_on_device=on_device, shapes=(1, 4, 16))
         with Context(small_model, config) as ctx:
             prompt = small_model.tokenize(prompts[0])
             ctx.prefill(prompt)

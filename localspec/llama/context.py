@@ -37,7 +37,7 @@ class ContextConfig:
     kv_type: str = "f16"       # f16 | bf16 | q8_0 | f32: element type of the KV cache
     embeddings: bool = False   # also return final hidden states (the LM-head input)
     chunk: int = 128           # prompts are decoded in chunks starting at multiples of this (docs/benchmarks.md#prompts-in-chunks: 64 costs 9% of prefill speed, 128 1%)
-    argmax_on_device: bool = False  # greedy requests take each row's argmax in the graph (see argmax_on_device)
+    sample_on_device: bool = False  # requests that can take their rows' argmax or top-k in the graph do (see sample_on_device)
     # Verification batches are padded up to the next of these sizes (rows nobody reads, in a
     # sequence of their own), so consecutive iterations keep their shape and llama.cpp (and
     # CUDA its captured graph) reuse the last graph; (): batches as they come (see launch).
@@ -83,16 +83,17 @@ class Context:
         # (prompt length, its last row: logits, or its token id with the argmax on the device)
         self._last: tuple[int, np.ndarray | int] | None = None
         self._inflight = None  # a launched batch not yet finished (launch, finish)
-        self._argmax: _native.ArgmaxOnDevice | None = None  # see argmax_on_device
+        self._device: _native.SamplerOnDevice | None = None  # see sample_on_device
+        self._device_top_k = 0  # what it runs: 0 the argmax, k a top-k
         self.shapes = sorted(config.shapes)  # the engine may narrow them to its cost curve's
         self._pad_seq = config.n_seq_max if config.shapes else -1
         self._one = (np.zeros(1, np.int32), np.zeros(1, np.int32), np.array([0, 1], np.int32),
                      np.zeros(1, np.int32), np.ones(1, np.int8))
 
     def close(self) -> None:
-        if self._argmax is not None:
-            self._argmax.detach()
-            self._argmax = None
+        if self._device is not None:
+            self._device.detach()
+            self._device = None
         if self.ptr:
             ll.llama_free(self.ptr)
             self.ptr = None
@@ -165,7 +166,7 @@ class Context:
         self._inflight = None
         path, nxt, unsettled, n_cached, seconds, device_failed = _native.finish(
             self.ptr, batch, q_offsets, q_ids, q_probs, sampler.sampler, sampler.history, sampler.rng, tie_bound,
-            self._argmax is not None)
+            self.rows_from)
         if device_failed:  # nothing was kept: the same batch again, read on the host
             self._off_device("a verification row")
             self.launch(pending, tokens, parents, all_pending_rows)
@@ -175,31 +176,37 @@ class Context:
         self.tokens.extend(tokens[path[:n_cached]].tolist())
         return path, nxt, unsettled, n_cached, seconds
 
-    def argmax_on_device(self, on: bool) -> None:
-        """Greedy acceptance with the argmax inside the forward's graph (native/step.h): each
-        row of a batch hands back its token id instead of its logits, which stop being
-        readable (logits() refuses) until it is turned off again. Switching costs llama.cpp a
-        new graph: a request sets it once."""
-        if on == (self._argmax is not None):
+    def sample_on_device(self, top_k: int | None) -> None:
+        """Acceptance reads each row from a sampler inside the forward's graph (native/step.h):
+        with top_k 0 greedy's argmax (a token id a row), with top_k k the row's k best
+        candidates and their logits (all that sampling with top-k truncation needs); None: the
+        full rows on the host. While on, the rows' full logits cannot be read (logits()
+        refuses). Switching costs llama.cpp a new graph: a request sets it once."""
+        if top_k == (self._device_top_k if self._device is not None else None):
             return
         self.abandon()
-        if on:
+        if self._device is not None:
+            self._device.detach()
+            self._device = None
+        if top_k is not None:
             try:
-                self._argmax = _native.ArgmaxOnDevice(self.ptr)
+                self._device, self._device_top_k = _native.SamplerOnDevice(self.ptr, top_k), top_k
             except ValueError:  # a backend that cannot (llama.cpp said why in its log)
-                return
-        else:
-            self._argmax.detach()
-            self._argmax = None
+                pass
         self._last = None  # a prompt's last row read in the other mode
+
+    @property
+    def rows_from(self) -> int:
+        """How verification reads the rows (native rows_from): 0 host, 1 argmax, 2 top-k."""
+        return 0 if self._device is None else 2 if self._device_top_k else 1
 
     def _off_device(self, where: str) -> None:
         """The device handed back no valid token for a row it sampled (a backend's fault, seen
         on CUDA): the request goes on with the argmax on the host, which reads the same
         logits, so its output does not change; the next request tries the device again."""
-        print(f"localspec: the device gave no valid token for {where}: this request goes on with the "
-              f"argmax on the host", file=sys.stderr)
-        self.argmax_on_device(False)
+        print(f"localspec: the device gave no valid token for {where}: this request goes on sampling "
+              f"on the host", file=sys.stderr)
+        self.sample_on_device(None)
 
     def abandon(self) -> None:
         """Drop a launched batch that nobody will finish: the cache holds `tokens` again."""
@@ -221,8 +228,8 @@ class Context:
                 progress: Callable[[int, int], None] | None = None) -> tuple[int, np.ndarray | int]:
         """Make sequence 0 hold the prompt `tokens`, reusing cached positions only where that
         cannot change a result. Returns how many positions were reused and the logits of the
-        prompt's last token (a copy, kept for the same prompt asked again; with the argmax on
-        the device, its token id). Outputs (logits,
+        prompt's last token (a copy, kept for the same prompt asked again; with a sampler on
+        the device, its token id or its candidates' (ids, logits)). Outputs (logits,
         hidden states) of the last `n_outputs` positions decoded go to on_outputs(first
         position, batch rows) after each chunk; a prompt of more than PROGRESS_AFTER tokens to
         decode reports progress(decoded, to decode) as it goes.
@@ -277,10 +284,16 @@ class Context:
             if hidden:
                 ll.llama_set_embeddings(self.ptr, True)
         row = len(chunk) - 1
-        if self._argmax is None:
-            self._last = (n, self.logits(row).copy())
-        elif (token := _native.sampled_token(self.ptr, row)) >= 0:
-            self._last = (n, token)
+        if self._device is None:
+            last = self.logits(row).copy()
+        elif self._device_top_k:  # (ids, logits) of its best candidates
+            last = _native.sampled_candidates(self.ptr, row)
+            last = last if len(last[0]) else None
+        else:
+            last = _native.sampled_token(self.ptr, row)
+            last = last if last >= 0 else None
+        if last is not None:
+            self._last = (n, last)
         else:  # the last chunk again, its rows read on the host (its outputs were handed out)
             self._off_device("the prompt's last row")
             self.truncate(n - len(chunk))
@@ -321,8 +334,8 @@ class Context:
     # --- outputs (views into llama.cpp's buffers: valid until the next decode) -------------
 
     def logits(self, row: int) -> np.ndarray:
-        if self._argmax is not None:
-            raise LocalspecError("no logits while the argmax runs on the device (argmax_on_device)")
+        if self._device is not None:
+            raise LocalspecError("no logits while a sampler runs on the device (sample_on_device)")
         ptr = ll.llama_get_logits_ith(self.ptr, row)
         if not ptr:
             raise LocalspecError(f"no logits for batch row {row}")
@@ -353,7 +366,7 @@ class Context:
             self._last = None
 
     def clear(self) -> None:
-        self.argmax_on_device(False)  # a cleared context reads logits again (measurements, checks)
+        self.sample_on_device(None)  # a cleared context reads logits again (measurements, checks)
         self.abandon()
         ll.llama_memory_clear(self.mem, True)
         self.tokens.clear()
