@@ -41,10 +41,9 @@ int32_t path_sequences(const draft_tree & tree, std::vector<std::vector<int32_t>
     return n_leaves;
 }
 
+// Everything the batch added sits at positions from n_past on, in whatever sequence.
 void drop(llama_memory_t mem, const launched & b) {
-    for (int32_t s = 1; s < b.n_seqs; ++s) seq_rm(mem, s, 0, -1);
-    if (b.pad_seq >= 0) seq_rm(mem, b.pad_seq, 0, -1);
-    seq_rm(mem, 0, b.n_past, -1);
+    seq_rm(mem, -1, b.n_past, -1);
 }
 
 }  // namespace
@@ -57,16 +56,15 @@ int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int
     out.n_past = n_past;
     out.n_pending = n_pending;
     out.n_seqs = std::max(1, path_sequences(tree, seqs));
-    if (out.n_seqs > (pad_seq >= 0 ? pad_seq : int32_t(llama_n_seq_max(ctx)))) {
+    out.n_shared = pad_seq >= 0 ? pad_seq : int32_t(llama_n_seq_max(ctx));
+    if (out.n_seqs > out.n_shared) {
         throw std::invalid_argument("launch: the tree has more leaves than the context has sequences");
     }
     out.tokens.assign(tree.tokens, tree.tokens + tree.n_nodes);
     out.parents.assign(tree.parents, tree.parents + tree.n_nodes);
     out.seq_of.resize(tree.n_nodes);
-    llama_memory_t mem = llama_get_memory(ctx);
-    for (int32_t s = 1; s < out.n_seqs; ++s) llama_memory_seq_cp(mem, 0, s, 0, -1);
 
-    // Rows: pending tokens (in every sequence), then the nodes at the root's position + depth,
+    // Rows: pending tokens (in every sequence, as the context before them), then the nodes at the root's position + depth,
     // then any padding.
     const int32_t n_real = n_pending + tree.n_nodes, root = n_pending - 1;
     const int32_t n_rows = pad_seq >= 0 ? std::max(n_real, pad_to) : n_real;
@@ -77,7 +75,7 @@ int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int
         tokens[i] = pending[i];
         pos[i] = n_past + i;
         outputs[i] = all_pending_rows || i == root;
-        for (int32_t s = 0; s < out.n_seqs; ++s) flat.push_back(s);
+        for (int32_t s = 0; s < out.n_shared; ++s) flat.push_back(s);
         offsets[i + 1] = int32_t(flat.size());
     }
     for (int32_t i = 0; i < tree.n_nodes; ++i) {
@@ -101,7 +99,7 @@ int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int
     const int32_t status = decode(ctx, n_rows, tokens.data(), pos.data(), offsets.data(), flat.data(),
                                   outputs.data());
     out.decode_s = since(t0);
-    if (status != 0) drop(mem, out);
+    if (status != 0) drop(llama_get_memory(ctx), out);
     return status;
 }
 
@@ -230,13 +228,22 @@ step_result finish(llama_context * ctx, const launched & b, const int32_t * q_of
     // (see verify.py on why a token placed in a rejected node's hole would not be exact).
     const auto & path = res.verdict.path;
     while (res.n_cached < int32_t(path.size()) && path[res.n_cached] == res.n_cached) ++res.n_cached;
+    // Every sequence holds the context and the pending tokens (launch): only the tree's
+    // positions change. The other leaves' paths go, then `seq`'s past the cached nodes, and
+    // the cached nodes join every sequence. Each call scans the cells once; no call touches
+    // the context's own cells, whose sequence sets (llama.cpp keeps a position map per
+    // sequence) a copy of the whole context would rewrite every iteration.
     const int32_t seq = res.n_cached ? b.seq_of[path[res.n_cached - 1]] : 0;
+    const llama_pos first = b.n_past + b.n_pending;  // the tree's first position
     if (b.pad_seq >= 0) seq_rm(mem, b.pad_seq, 0, -1);
-    if (b.n_seqs > 1) llama_memory_seq_keep(mem, seq);
-    seq_rm(mem, seq, b.n_past + b.n_pending + res.n_cached, -1);
-    if (seq != 0) {
-        llama_memory_seq_cp(mem, seq, 0, 0, -1);
-        seq_rm(mem, seq, 0, -1);
+    for (int32_t s = 0; s < b.n_seqs; ++s) {
+        if (s != seq) seq_rm(mem, s, first, -1);
+    }
+    seq_rm(mem, seq, first + res.n_cached, -1);
+    if (res.n_cached) {
+        for (int32_t s = 0; s < b.n_shared; ++s) {
+            if (s != seq) llama_memory_seq_cp(mem, seq, s, first, first + res.n_cached);
+        }
     }
     return res;
 }

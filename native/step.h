@@ -20,6 +20,7 @@ struct launched {
     int32_t n_seqs    = 1;
     std::vector<int32_t> tokens, parents;  // the tree's
     std::vector<int32_t> seq_of;           // per node, one sequence holding it
+    int32_t n_shared = 1;                  // sequences 0.. that hold the context (every tree's)
     int32_t pad_seq = -1;                  // the sequence of the padding rows (-1: none)
     double decode_s = 0.0;                 // in llama_decode
 };
@@ -43,10 +44,11 @@ extern device_token_reader read_device_token;
 // A row's token from the device, or -1 where it is missing or outside the vocabulary.
 llama_token device_token(llama_context * ctx, int32_t row);
 
-// Sequence 0 holds n_past positions. Decodes `pending` (emitted tokens not yet in the cache;
+// Every sequence but padding's holds the context's n_past positions (Context keeps it so:
+// a tree's leaves then need no copy of it). Decodes `pending` (emitted tokens not yet in the cache;
 // the last is the tree's root) at n_past..., then the tree's nodes at n_past + n_pending - 1
-// + depth, each in the sequences of the root-to-leaf paths through it (sequences 1.. copy
-// sequence 0 first). Rows before the root output only with all_pending_rows (a feature drafter
+// + depth, each in the sequences of the root-to-leaf paths through it (the pending tokens in
+// every sequence). Rows before the root output only with all_pending_rows (a feature drafter
 // reads them). With pad_seq >= 0, rows nobody reads fill the batch up to pad_to rows, in that
 // sequence alone (no other row sees them; finish() drops them): batches of a few fixed sizes
 // let llama.cpp, and CUDA its captured graph, reuse the last iteration's graph. Returns
@@ -88,8 +90,8 @@ int32_t device_candidates(llama_context * ctx, int32_t row, const int32_t ** ids
 enum class rows_from : int32_t { host = 0, device_argmax = 1, device_top_k = 2 };
 
 // Wait for the batch, verify the tree (q_* of `tree` as launched: sampled drafts' distributions),
-// and keep in sequence 0 the pending tokens and the accepted path up to its first gap; every
-// other sequence is emptied. Throws if a KV edit fails.
+// and keep the pending tokens and the accepted path up to its first gap, in every sequence
+// but padding's (which is emptied). Throws if a KV edit fails.
 // With a sampler on the device, the walk reads each row's token id or candidates instead; a row
 // without valid ones ends it with device_failed set and the batch dropped.
 step_result finish(llama_context * ctx, const launched & batch, const int32_t * q_offsets,

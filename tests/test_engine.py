@@ -89,7 +89,7 @@ def test_batch_with_positions_and_sequence_sets_matches_one_by_one(small_model):
 def test_shared_token_in_two_sequences(small_model):
     """Two sibling nodes with the same token each see the root, which belongs to both their
     sequences (the tree-attention mask), so their logits are equal; after verification
-    sequence 0 holds one path and nothing else."""
+    every sequence holds the context and one path, and nothing else."""
     m = small_model
     a, b = m.tokenize("Hello"), m.tokenize(" world", add_special=False)
     with Context(m, ContextConfig(n_ctx=256, n_seq_max=2)) as ctx:
@@ -97,7 +97,7 @@ def test_shared_token_in_two_sequences(small_model):
         tree = DraftTree(np.array([b[0], b[0]], np.int32), np.array([-1, -1], np.int32), np.ones(2))
         verdict = verify_tree(ctx, tree, [b[0]], TokenSampler(SamplingConfig()))
         np.testing.assert_array_equal(ctx.logits(1), ctx.logits(2))
-        assert ctx.seq_pos_max(1) == -1 and ctx.seq_pos_max(0) == len(ctx.tokens) - 1
+        assert ctx.seq_pos_max(1) == ctx.seq_pos_max(0) == len(ctx.tokens) - 1
         assert ctx.tokens == a + [b[0]] + [b[0]] * verdict.n_cached
 
 

@@ -117,7 +117,7 @@ def test_argmax_on_device_greedy_identical_to_plain(small_model, reference):
             with pytest.raises(LocalspecError, match="no logits"):
                 ctx.logits(0)  # the rows' logits never came back
             assert ctx.seq_pos_max(0) == len(ctx.tokens) - 1
-            assert all(ctx.seq_pos_max(s) == -1 for s in range(1, 8))
+            assert all(ctx.seq_pos_max(s) == ctx.seq_pos_max(0) for s in range(1, 8))  # every sequence holds the context
         ctx.clear()  # measuring and checking read logits again
         row = ctx.extend(small_model.tokenize(PROMPTS[0]))
         assert ctx.logits(row).shape == (small_model.n_vocab,)
@@ -145,7 +145,7 @@ def test_a_bad_token_from_the_device_sends_the_request_to_the_host(small_model, 
             assert err.count("no valid token") == 1 and where in err, err
             assert ctx._device is None  # the rest of that request ran on the host
             assert ctx.seq_pos_max(0) == len(ctx.tokens) - 1
-            assert all(ctx.seq_pos_max(s) == -1 for s in range(1, 8))
+            assert all(ctx.seq_pos_max(s) == ctx.seq_pos_max(0) for s in range(1, 8))  # every sequence holds the context
         assert speculative(ctx, LookupDrafter(), small_model.tokenize(PROMPTS[0])) == reference[PROMPTS[0]]
         assert ctx._device is not None and "no valid token" not in capfd.readouterr().err
 
@@ -203,7 +203,8 @@ def test_padded_batches_change_nothing_but_their_shape(small_model, reference):
                 out = speculative(ctx, LookupDrafter(), small_model.tokenize(p), stats=stats)
                 assert out == reference[p], (p, on_device)
                 assert ctx.seq_pos_max(0) == len(ctx.tokens) - 1
-                assert all(ctx.seq_pos_max(s) == -1 for s in range(1, pad_seq + 1))
+                assert all(ctx.seq_pos_max(s) == ctx.seq_pos_max(0) for s in range(1, pad_seq))
+                assert ctx.seq_pos_max(pad_seq) == -1
     assert stats.draft_n_accepted > 50 and stats.draft_n - stats.draft_n_accepted > 20
 
 
@@ -232,7 +233,7 @@ def test_stopping_with_a_forward_in_flight_leaves_the_cache_as_handed_out(small_
             steps.close()
             assert ctx._inflight is None and out[:len(ctx.tokens)] == ctx.tokens
             assert ctx.seq_pos_max(0) == len(ctx.tokens) - 1
-            assert all(ctx.seq_pos_max(s) == -1 for s in range(1, 8))
+            assert all(ctx.seq_pos_max(s) == ctx.seq_pos_max(0) for s in range(1, 8))  # every sequence holds the context
             for t in out[len(ctx.tokens):]:
                 ctx.append(t)
             fresh.clear()
@@ -307,7 +308,7 @@ def test_kv_cache_equals_fresh_prefill_after_random_rounds(small_model):
             fresh.append(t)
         np.testing.assert_array_equal(ctx.logits(row), fresh.logits(0))
         assert ctx.seq_pos_max(0) == len(ctx.tokens) - 1
-        assert all(ctx.seq_pos_max(s) == -1 for s in range(1, 8))
+        assert all(ctx.seq_pos_max(s) == ctx.seq_pos_max(0) for s in range(1, 8))  # every sequence holds the context
 
 
 def test_seeded_sampling_with_drafters_is_reproducible(target):

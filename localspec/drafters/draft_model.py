@@ -40,7 +40,8 @@ def check_same_vocabulary(target: Model, draft: Model) -> None:
 def draft_context(model: Model, n_ctx: int = 4096, n_threads: int = 0) -> Context:
     """The context a draft model drafts in: sequence 0 holds the context, 8 more the two banks
     of a 4-wide tree; hidden states for an acceptance head."""
-    return Context(model, ContextConfig(n_ctx=n_ctx, n_threads=n_threads, n_seq_max=9, embeddings=True))
+    return Context(model, ContextConfig(n_ctx=n_ctx, n_threads=n_threads, n_seq_max=9, embeddings=True,
+                                          context_in_every_sequence=False))
 
 
 class DraftModelDrafter(Drafter):

@@ -42,6 +42,10 @@ class ContextConfig:
     # sequence of their own), so consecutive iterations keep their shape and llama.cpp (and
     # CUDA its captured graph) reuse the last graph; (): batches as they come (see launch).
     shapes: tuple[int, ...] = ()
+    # Every token the context holds sits in all n_seq_max sequences, so a draft tree's leaves
+    # (one sequence each) see the context without a copy of it (native/step.h: launch, finish).
+    # False: in sequence 0 only (a draft model's context, which branches its own way).
+    context_in_every_sequence: bool = True
 
 
 class Context:
@@ -87,8 +91,10 @@ class Context:
         self._device_top_k = 0  # what it runs: 0 the argmax, k a top-k
         self.shapes = sorted(config.shapes)  # the engine may narrow them to its cost curve's
         self._pad_seq = config.n_seq_max if config.shapes else -1
-        self._one = (np.zeros(1, np.int32), np.zeros(1, np.int32), np.array([0, 1], np.int32),
-                     np.zeros(1, np.int32), np.ones(1, np.int8))
+        # The sequences every token the context holds sits in (see context_in_every_sequence).
+        self._shared = np.arange(config.n_seq_max if config.context_in_every_sequence else 1, dtype=np.int32)
+        self._one = (np.zeros(1, np.int32), np.zeros(1, np.int32), np.array([0, len(self._shared)], np.int32),
+                     self._shared, np.ones(1, np.int8))
 
     def close(self) -> None:
         if self._device is not None:
@@ -110,7 +116,7 @@ class Context:
                seq_ids: Sequence[Sequence[int]] | None = None,
                outputs: Sequence[bool] | None = None) -> None:
         """One llama_decode. Token i sits at pos[i] in every sequence of seq_ids[i] (default:
-        sequence 0) and has its logits kept when outputs[i] (default: the last token only).
+        the context's, see context_in_every_sequence) and has its logits kept when outputs[i] (default: the last token only).
         Does not touch `tokens`; callers that extend sequence 0 use `prefill`/`append`."""
         n = len(tokens)
         if n == 0:
@@ -118,8 +124,8 @@ class Context:
         if n > self.config.n_batch:
             raise LocalspecError(f"batch of {n} tokens exceeds n_batch={self.config.n_batch}")
         if seq_ids is None:
-            offsets = np.arange(n + 1, dtype=np.int32)
-            flat = np.zeros(n, np.int32)
+            offsets = np.arange(n + 1, dtype=np.int32) * len(self._shared)
+            flat = np.tile(self._shared, n)
         else:
             offsets = np.zeros(n + 1, np.int32)
             np.cumsum([len(s) for s in seq_ids], out=offsets[1:])
@@ -358,7 +364,7 @@ class Context:
     def truncate(self, n: int) -> None:
         """Keep the first n positions of sequence 0 (where rejected tokens go)."""
         if n < len(self.tokens):
-            self._seq_rm(0, n, -1)
+            self._seq_rm(-1, n, -1)
             del self.tokens[n:]
         if n < self.n_exact:  # a cut chunk is exact only for a prompt ending where it ends
             self.n_exact = n // self.chunk * self.chunk
