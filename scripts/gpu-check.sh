@@ -3,8 +3,9 @@
 # with make_model.py's Q6_K scale a normal f16): llama-cpp-python built for CUDA, localspec on
 # it, a random-weight Qwen2.5-7B shape, then (issue 43) the code-edit bench with the default
 # argmax on the device, every output checked against plain decoding and any row the device
-# gave no valid token for counted; and the synthetic-acceptance bench (mean lengths 2, 4, 8:
-# chains, trees, a no-draft step against plain's) with the batch shapes on (auto) and off.
+# gave no valid token for counted; and the synthetic-acceptance bench (mean lengths 4 and 8:
+# chains, trees, a no-draft step against plain's) with the batch shapes on (auto) and off, and
+# T 0.8 with top-k 40 (each row's candidates from the graph).
 # Logs and JSON land in $OUT.
 #   run(command="bash scripts/gpu-check.sh", carry=[".gpu"], timeout_s=590)
 set -u
@@ -28,17 +29,18 @@ $V/pip install -v --no-index --no-build-isolation --no-deps -e . > $O/native.log
 el "localspec installed"; wait $MODELS; cat $O/models.log  # (a bare wait would wait for tee too)
 L=$V/localspec
 $L generate -m /tmp/models/rand-7b.gguf --max-tokens 8 --drafter none "def f(x):" 2>&1 | grep -E "^localspec:|tokens/s"
-B="bench --workload code-edit --limit 3 --max-tokens 256"
-timeout 150 $L $B -m /tmp/models/rand-7b.gguf --drafter lookup --drafter suffix --json $O/bench-7b.json > $O/bench-7b.txt 2>&1
+B="bench --workload code-edit --limit 2 --max-tokens 192 -m /tmp/models/rand-7b.gguf"
+timeout 100 $L $B --drafter lookup --drafter suffix --json $O/bench-7b.json > $O/bench-7b.txt 2>&1
 grep -v "^bench\|warming" $O/bench-7b.txt; echo "rows without a valid device token: $(grep -c 'no valid token' $O/bench-7b.txt)"
 grep "not finite" $O/bench-7b.txt | head -2
 el "bench 7b (argmax on the device)"
-for shapes in auto off; do
-  for len in 2 4 8; do
-    timeout 70 $L bench --synthetic len=$len --synthetic-k 15 --shapes $shapes -m /tmp/models/rand-7b.gguf \
-      --workload code-edit --limit 1 --max-tokens 192 2>&1 | grep -v "^bench\|warming\|^localspec: [a-z]* curve"
-    el "synthetic len=$len shapes=$shapes"
-  done
+timeout 60 $L $B --drafter lookup --temperature 0.8 --top-k 40 --seed 1 --json $O/bench-7b-t08.json 2>&1 | grep -v "^bench\|warming"
+el "bench 7b, T 0.8 top-k 40 (candidates on the device)"
+for run in "len=4 auto" "len=4 off" "len=8 auto"; do
+  set -- $run
+  timeout 50 $L bench --synthetic $1 --synthetic-k 15 --shapes $2 -m /tmp/models/rand-7b.gguf \
+    --workload code-edit --limit 1 --max-tokens 128 2>&1 | grep -v "^bench\|warming\|^localspec: [a-z]* curve"
+  el "synthetic $1 shapes=$2"
 done
 for f in $LOCALSPEC_HOME/cache/cost/*.json; do cp $f $O/curve-$(basename $f); done
 el done

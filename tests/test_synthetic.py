@@ -1,0 +1,47 @@
+"""bench --synthetic: llama.cpp's synthetic acceptance rates, kept lossless."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import RECORDED_CURVE
+from localspec.bench import synthetic
+from localspec.engine import Engine, EngineConfig
+from localspec.errors import LocalspecError
+
+
+def test_rates_as_llama_cpp_resolves_them():
+    """len=L over k positions: one geometric rate whose mean accepted length is L (the target's
+    own token included); given rates must lie in [0, 1] and never increase."""
+    for length in (1.5, 2.0, 4.0, 8.0):
+        rates = synthetic.parse_rates(f"len={length}", 8)
+        assert len(rates) == 8 and synthetic.mean_length(rates) == pytest.approx(length, abs=1e-6)
+        assert all(b <= a for a, b in zip(rates, rates[1:]))
+    assert synthetic.parse_rates("len=9", 8) == [1.0] * 8
+    assert synthetic.parse_rates("0.9,0.5,0.5") == [0.9, 0.5, 0.5]
+    for bad in ("len=0.5", "len=10", "len=x", "0.5,0.9", "1.2", "a,b", ""):
+        with pytest.raises(LocalspecError):
+            synthetic.parse_rates(bad, 8)
+
+
+def test_synthetic_runs_are_plain_decodings_output_at_the_rates(small_path):
+    """Certain acceptance (rates of 1) emits K + 1 tokens an iteration wherever the answer
+    runs on; none (rates of 0) emits one. Every arm's output is plain decoding's (SmolLM2 on one
+    thread, where batched rows reproduce single ones), the trees verify 2K nodes and the idle
+    arm has plain steps among its drafted ones."""
+    engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=1, store="off", n_seq_max=5,
+                                 curve=str(RECORDED_CURVE)))
+    try:
+        prompt = engine.model.tokenize("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n")
+        sure = synthetic.run_synthetic(engine, [prompt], [1.0] * 4, 40)
+        never = synthetic.run_synthetic(engine, [prompt], [0.0] * 4, 16)
+    finally:
+        engine.close()
+    for arm in sure + never:
+        assert arm.identical == arm.runs == 1, arm.name
+    plain, chain, tree, idle = sure
+    assert chain.tokens / len(chain.steps) > 4.0 and max(s[0] for s in chain.steps) == 5
+    assert max(s[0] for s in tree.steps) == 9
+    assert {s[0] for s in idle.steps} >= {1, 5}
+    assert all(len(a.steps) == a.tokens for a in never)  # one token an iteration
+    assert "no-draft step inside a speculative run" in synthetic.report(sure, [1.0] * 4)
