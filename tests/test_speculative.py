@@ -209,7 +209,9 @@ def test_padded_batches_change_nothing_but_their_shape(small_model, reference):
 
 
 def test_a_token_outside_the_vocabulary_is_an_error_not_an_abort(small_model):
-    """llama.cpp aborts the process on such an id; the model refuses it in one line."""
+    """llama.cpp aborts the process on such an id; the model refuses it in one line (also
+    where a special piece is cached under the same key: special token 0's is -1's)."""
+    small_model.token_bytes(0, special=True)
     for bad in (-1, small_model.n_vocab):
         with pytest.raises(LocalspecError, match="not in .* vocabulary"):
             small_model.token_bytes(bad)

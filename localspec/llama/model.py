@@ -180,12 +180,11 @@ class Model:
 
     def token_bytes(self, token: int, special: bool = False) -> bytes:
         """The raw bytes of one token (may be part of a UTF-8 character)."""
-        key = token if not special else -1 - token
+        if not 0 <= token < self.n_vocab:  # llama.cpp would abort the process on it
+            raise LocalspecError(f"token id {token} is not in {self.name}'s vocabulary (0..{self.n_vocab - 1})")
+        key = token if not special else -1 - token  # special pieces under negative keys
         piece = self._piece_cache.get(key)
         if piece is None:
-            # llama.cpp aborts the process on an id outside the vocabulary
-            if not 0 <= token < self.n_vocab:
-                raise LocalspecError(f"token id {token} is not in {self.name}'s vocabulary (0..{self.n_vocab - 1})")
             buf = ctypes.create_string_buffer(64)
             n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
             if n < 0:
