@@ -189,7 +189,7 @@ def test_padded_batches_change_nothing_but_their_shape(small_model, reference):
     padding's sequence is empty and the cache holds exactly the emitted tokens."""
     stats = Stats()
     pad_seq = 8
-    for on_device, prompts in ((False, PROMPTS[1:8:3]), (True, PROMPTS[2:9:3])):
+    for on_device, prompts in ((False, PROMPTS[1:6:3]), (True, PROMPTS[2:7:3])):
         config = ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, sample_on_device=on_device, shapes=(1, 4, 16))
         with Context(small_model, config) as ctx:
             prompt = small_model.tokenize(prompts[0])
@@ -205,7 +205,7 @@ def test_padded_batches_change_nothing_but_their_shape(small_model, reference):
                 assert ctx.seq_pos_max(0) == len(ctx.tokens) - 1
                 assert all(ctx.seq_pos_max(s) == ctx.seq_pos_max(0) for s in range(1, pad_seq))
                 assert ctx.seq_pos_max(pad_seq) == -1
-    assert stats.draft_n_accepted > 50 and stats.draft_n - stats.draft_n_accepted > 20
+    assert stats.draft_n_accepted > 30 and stats.draft_n - stats.draft_n_accepted > 10
 
 
 def test_a_token_outside_the_vocabulary_is_an_error_not_an_abort(small_model):
