@@ -64,8 +64,8 @@ int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int
     out.parents.assign(tree.parents, tree.parents + tree.n_nodes);
     out.seq_of.resize(tree.n_nodes);
 
-    // Rows: pending tokens (in every sequence, as the context before them), then the nodes at the root's position + depth,
-    // then any padding.
+    // Rows: pending tokens (in every sequence, as the context before them), then the nodes at
+    // the root's position + depth, then any padding.
     const int32_t n_real = n_pending + tree.n_nodes, root = n_pending - 1;
     const int32_t n_rows = pad_seq >= 0 ? std::max(n_real, pad_to) : n_real;
     out.pad_seq = n_rows > n_real ? pad_seq : -1;

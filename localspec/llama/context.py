@@ -37,7 +37,8 @@ class ContextConfig:
     kv_type: str = "f16"       # f16 | bf16 | q8_0 | f32: element type of the KV cache
     embeddings: bool = False   # also return final hidden states (the LM-head input)
     chunk: int = 128           # prompts are decoded in chunks starting at multiples of this (docs/benchmarks.md#prompts-in-chunks: 64 costs 9% of prefill speed, 128 1%)
-    sample_on_device: bool = False  # requests that can take their rows' argmax or top-k in the graph do (see sample_on_device)
+    # Requests that can read their rows' argmax or top-k from the graph do (sample_on_device).
+    sample_on_device: bool = False
     # Verification batches are padded up to the next of these sizes (rows nobody reads, in a
     # sequence of their own), so consecutive iterations keep their shape and llama.cpp (and
     # CUDA its captured graph) reuse the last graph; (): batches as they come (see launch).
@@ -116,7 +117,8 @@ class Context:
                seq_ids: Sequence[Sequence[int]] | None = None,
                outputs: Sequence[bool] | None = None) -> None:
         """One llama_decode. Token i sits at pos[i] in every sequence of seq_ids[i] (default:
-        the context's, see context_in_every_sequence) and has its logits kept when outputs[i] (default: the last token only).
+        the context's, see context_in_every_sequence) and has its logits kept when outputs[i]
+        (default: the last token only).
         Does not touch `tokens`; callers that extend sequence 0 use `prefill`/`append`."""
         n = len(tokens)
         if n == 0:
@@ -208,7 +210,7 @@ class Context:
 
     def _off_device(self, where: str) -> None:
         """The device handed back no valid token for a row it sampled (a backend's fault, seen
-        on CUDA): the request goes on with the argmax on the host, which reads the same
+        on CUDA): the request goes on sampling its rows on the host, which reads the same
         logits, so its output does not change; the next request tries the device again."""
         print(f"localspec: the device gave no valid token for {where}: this request goes on sampling "
               f"on the host", file=sys.stderr)
