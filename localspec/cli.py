@@ -395,10 +395,16 @@ def bench_synthetic(a: argparse.Namespace) -> None:
         engine.prepare(DrafterSpec("lookup"))  # the cost curve, and the batch shapes it keeps
         prompts = [prompt_tokens(engine, p) for p in workloads.load_warm(a.workload, a.limit)[0]]
         configs = synthetic.run_synthetic(engine, prompts, rates, a.max_tokens, a.repeat)
-        print(f"\n{engine.model.path.stem} · {a.workload} × {len(prompts)} · {a.max_tokens} tokens"
-              f" · greedy · {a.repeat} runs each\n\n{synthetic.report(configs, rates)}")
+        text = synthetic.report(configs, rates)
+        model_path, n_ctx = engine.model.path, engine.cfg.n_ctx
     finally:
-        engine.close()
+        engine.close()  # llama-server gets the machine to itself
+    if "llama-server" in (a.anchor or []):
+        theirs = synthetic.run_llama_server(model_path, prompts, rates, a.max_tokens, a.repeat, n_ctx,
+                                            cfg.threads)
+        text += "\n\n" + synthetic.report_llama(theirs, configs, rates)
+    print(f"\n{model_path.stem} · {a.workload} × {len(prompts)} · {a.max_tokens} tokens"
+          f" · greedy · {a.repeat} runs each\n\n{text}")
 
 
 def cmd_bench(a: argparse.Namespace) -> None:
@@ -563,7 +569,8 @@ def parser() -> argparse.ArgumentParser:
                    "per-position probabilities (0.9,0.7,0.5) or len=L (a mean accepted length); "
                    "the drafter proposes plain decoding's own answer broken at depths drawn so "
                    "(output stays plain's): chains, trees with a second branch per level, and a "
-                   "chain with every third step plain, against plain decoding")
+                   "chain with every third step plain, against plain decoding; with --anchor "
+                   "llama-server, llama.cpp's own loop at the same rates beside them")
     b.add_argument("--synthetic-k", type=int, default=16, help="draft tokens per chain for len=L")
     b.set_defaults(func=cmd_bench)
 

@@ -11,7 +11,7 @@ SRC=$OUT/src
 mkdir -p "$OUT"
 if [ ! -d "$SRC/vendor/llama.cpp" ]; then
   tmp=$(mktemp -d)
-  python3 -m pip download --no-deps --no-binary llama-cpp-python -q -d "$tmp" "llama-cpp-python==$VERSION"
+  python3 -m pip download --no-deps --no-binary llama-cpp-python --no-build-isolation -q -d "$tmp" "llama-cpp-python==$VERSION"
   mkdir -p "$SRC"
   tar -xzf "$tmp"/llama_cpp_python-$VERSION.tar.gz -C "$SRC" --strip-components=1
   rm -rf "$tmp"

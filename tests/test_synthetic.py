@@ -45,3 +45,29 @@ def test_synthetic_runs_are_plain_decodings_output_at_the_rates(small_path):
     assert {s[0] for s in idle.steps} >= {1, 5}
     assert all(len(a.steps) == a.tokens for a in never)  # one token an iteration
     assert "no-draft step inside a speculative run" in synthetic.report(sure, [1.0] * 4)
+
+
+def test_llama_cpp_loop_at_the_same_rates(small_path):
+    """llama.cpp's own loop at the same rates: its ngram-simple drafter drafting K tokens with
+    --spec-synth-rates, in a llama-server of the same build where scripts/build-llama-tools.sh
+    built one (else each arm says what is missing, and the report shows it)."""
+    from localspec.bench.anchors import LLAMA_TOOLS
+    from localspec.llama import Model
+
+    rates = [1.0] * 4
+    prompt = Model(small_path).tokenize("def add(a, b):\n    return a + b\n\n" * 8)
+    arms = synthetic.run_llama_server(small_path, [prompt], rates, 24, 1, 1024, 1)
+    assert [a.name for a in arms] == ["llama-server plain", "llama-server chain K=4"]
+    assert "--spec-synth-rates" in arms[1].extra and "1,1,1,1" in arms[1].extra
+    ours = [synthetic.Arm("plain", tokens=20, seconds=1.0), synthetic.Arm("chain K=4", 1, tokens=20, seconds=0.5)]
+    text = synthetic.report_llama(arms, ours, rates)
+    if not (LLAMA_TOOLS / "llama-server").exists():
+        assert all("build-llama-tools.sh" in a.failed for a in arms)
+        assert "failed" in text
+        return
+    plain, chain = arms
+    assert not plain.failed and not chain.failed
+    assert plain.tokens == chain.tokens == 23 and plain.accepted == 0
+    # every drafted token is accepted at rate 1: ngram-simple drafts on this repeating text
+    assert chain.accepted == chain.drafted > 0 and chain.iterations < plain.iterations
+    assert "llama-server chain K=4" in text

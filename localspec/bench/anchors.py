@@ -133,8 +133,10 @@ class ServerAnchor:
             time.sleep(0.5)
         raise LocalspecError(f"{self.name}: llama-server not ready after {timeout:.0f}s")
 
-    def run(self, p: Prompt, tokens: list[int], max_tokens: int, sampling: SamplingConfig):
+    def run(self, p: Prompt, tokens: list[int], max_tokens: int, sampling: SamplingConfig,
+            ignore_eos: bool = False):
         body = {"prompt": tokens, "n_predict": max_tokens, "temperature": sampling.temperature,
+                "ignore_eos": ignore_eos,
                 "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
                 "repeat_penalty": sampling.repeat_penalty, "cache_prompt": False,
                 "seed": sampling.seed if sampling.seed is not None else -1}

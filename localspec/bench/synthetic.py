@@ -190,6 +190,95 @@ def run_synthetic(engine: Engine, prompts: list[list[int]], rates: Sequence[floa
     return configs
 
 
+@dataclass
+class LlamaArm:
+    """llama.cpp's own loop (llama-server of the same build) at the same rates: its
+    ngram-simple drafter (1-token keys, K-token drafts: it drafts wherever the last token was
+    seen before) with `--spec-synth-rates`, which accepts drafted tokens at random, so its
+    output is not the model's and only its speed is read."""
+    name: str
+    extra: list[str]
+    tokens: int = 0
+    seconds: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    failed: str = ""
+
+    @property
+    def iterations(self) -> int:  # each emits its accepted drafts and one token of its own
+        return self.tokens - self.accepted
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def iterations_per_s(self) -> float:
+        return self.iterations / self.seconds if self.seconds else 0.0
+
+
+def llama_server_arms(rates: Sequence[float]) -> list[LlamaArm]:
+    k = len(rates)
+    spec = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1",
+            "--spec-ngram-simple-size-m", str(k), "--spec-draft-n-min", "1",
+            "--spec-synth-rates", ",".join(f"{r:.6g}" for r in rates)]
+    return [LlamaArm("llama-server plain", []), LlamaArm(f"llama-server chain K={k}", spec)]
+
+
+def run_llama_server(model_path, prompts: list[list[int]], rates: Sequence[float], max_tokens: int,
+                     repeat: int, n_ctx: int, threads: int) -> list[LlamaArm]:
+    """Each arm in a server of its own on loopback, every prompt `repeat` times, greedy;
+    tokens and seconds after the first token, as localspec's arms count them."""
+    from localspec.bench.anchors import ServerAnchor
+    from localspec.bench.workloads import Prompt
+
+    configs = llama_server_arms(rates)
+    greedy = SamplingConfig(temperature=0)
+    for arm in configs:
+        try:
+            server = ServerAnchor(arm.name, model_path, None, n_ctx, threads, arm.extra)
+        except LocalspecError as e:
+            arm.failed = str(e)
+            continue
+        try:
+            for tokens in prompts:
+                for _ in range(repeat):
+                    r, _text = server.run(Prompt("synthetic", "code", ""), tokens, max_tokens, greedy,
+                                          ignore_eos=True)  # as localspec's arms run on
+                    if r.failed:
+                        arm.failed = r.failed
+                        break
+                    # llama-server times from the end of the prompt, its first token included
+                    arm.tokens += r.n_tokens - 1
+                    arm.seconds += r.seconds
+                    arm.drafted += r.drafted
+                    arm.accepted += r.accepted
+        finally:
+            server.close()
+    return configs
+
+
+def report_llama(configs: list[LlamaArm], ours: list[Arm], rates: Sequence[float]) -> str:
+    """llama.cpp's loop beside localspec's chain at the same rates."""
+    plain = configs[0]
+    rows = ["llama.cpp's own loop at the same rates (llama-server, ngram-simple drafts, "
+            "--spec-synth-rates; its output is not the model's):", "",
+            "| arm | tokens/s | × its plain | iterations/s | tokens/iteration | draft tokens/iteration | "
+            "localspec's same arm, tokens/s | localspec / llama.cpp |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    same = {"plain": ours[0], "chain": ours[1]}
+    for a in configs:
+        if a.failed:
+            rows.append(f"| {a.name} | failed: {a.failed} | | | | | | |")
+            continue
+        mine = same["chain" if "chain" in a.name else "plain"]
+        rows.append(f"| {a.name} | {a.tokens_per_s:.1f} | "
+                    f"{a.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else 0:.2f}× | "
+                    f"{a.iterations_per_s:.1f} | {a.tokens / max(1, a.iterations):.2f} | "
+                    f"{a.drafted / max(1, a.iterations):.2f} | {mine.tokens_per_s:.1f} | "
+                    f"{mine.tokens_per_s / a.tokens_per_s if a.tokens_per_s else 0:.2f}× |")
+    return "\n".join(rows)
+
+
 def report(configs: list[Arm], rates: Sequence[float]) -> str:
     """The arms side by side, then each arm's milliseconds by batch size."""
     plain = configs[0]
