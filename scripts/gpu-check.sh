@@ -4,8 +4,9 @@
 # it, a random-weight Qwen2.5-7B shape, then (issue 43) the code-edit bench with the default
 # argmax on the device, every output checked against plain decoding and any row the device
 # gave no valid token for counted; and the synthetic-acceptance bench (mean lengths 4 and 8:
-# chains, trees, a no-draft step against plain's) with the batch shapes on (auto) and off, and
-# T 0.8 with top-k 40 (each row's candidates from the graph).
+# chains, trees, a no-draft step against plain's) with the batch shapes on (auto) and off,
+# T 0.8 with top-k 40 (each row's candidates from the graph), and Jakiro's draft trees grown
+# on the device against the target's forward (scripts/jakiro_cost.py).
 # Logs and JSON land in $OUT.
 #   run(command="bash scripts/gpu-check.sh", carry=[".gpu"], timeout_s=590)
 set -u
@@ -36,11 +37,13 @@ grep "not finite" $O/bench-7b.txt | head -2
 el "bench 7b (argmax on the device)"
 timeout 60 $L $B --drafter lookup --temperature 0.8 --top-k 40 --seed 1 --json $O/bench-7b-t08.json 2>&1 | grep -v "^bench\|warming"
 el "bench 7b, T 0.8 top-k 40 (candidates on the device)"
-for run in "len=4 auto" "len=4 off" "len=8 auto"; do
+for run in "len=4 auto" "len=4 off"; do
   set -- $run
   timeout 50 $L bench --synthetic $1 --synthetic-k 15 --shapes $2 -m /tmp/models/rand-7b.gguf \
     --workload code-edit --limit 1 --max-tokens 128 2>&1 | grep -v "^bench\|warming\|^localspec: [a-z]* curve"
   el "synthetic $1 shapes=$2"
 done
+timeout 100 $V/python scripts/jakiro_cost.py -m /tmp/models/rand-7b.gguf --only tree 2>&1 | grep -v "^localspec: [a-z]* curve"
+el "Jakiro trees on the device (a step against the target's forward)"
 for f in $LOCALSPEC_HOME/cache/cost/*.json; do cp $f $O/curve-$(basename $f); done
 el done
