@@ -556,10 +556,11 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--repeat", type=int, default=1,
                    help="runs of each configuration per prompt, in alternating order; tables show "
                         "per-prompt medians and a 95%% interval of each speedup")
-    b.add_argument("--anchor", action="append", choices=["llama-cpp-python", "llama-server", "llama-server-ngram"],
+    b.add_argument("--anchor", action="append",
+                   choices=["llama-cpp-python", "llama-server", "llama-server-ngram", "llama-server-plain"],
                    help="repeatable: run other implementations in the same run (llama-server-ngram: "
                         "plain and its n-gram speculation: ngram-simple, ngram-mod, ngram-cache with its "
-                        "dynamic cache warmed as the suffix store is)")
+                        "dynamic cache warmed as the suffix store is; llama-server-plain: its plain decoding)")
     b.add_argument("--json", help="write the results here")
     b.add_argument("--chart", help="write a PNG chart here")
     b.add_argument("--trace", help="write a PNG of Cascade's utility and chosen arm per iteration "

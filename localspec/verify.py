@@ -104,8 +104,8 @@ def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler, tie_bound: floa
     cache and come back as `pending` in the next decode; the cache stays in position order."""
     path, nxt, unsettled, n_cached, seconds = ctx.finish(tree.q_offsets, tree.q_ids, tree.q_probs, sampler,
                                                          tie_bound)
-    return Verdict(path, tree.tokens[path].tolist() + ([nxt] if nxt >= 0 else []), unsettled, n_cached,
-                   seconds)
+    accepted = tree.tokens[path].tolist() if len(path) else []
+    return Verdict(path, accepted + ([nxt] if nxt >= 0 else []), unsettled, n_cached, seconds)
 
 
 def verify_tree(ctx: Context, tree: DraftTree, pending: list[int], sampler: TokenSampler,

@@ -2,7 +2,9 @@
 // and head: from each expanded node the two activated experts' branches each offer their
 // `branch` best tokens (steps 1..gamma-2); at step gamma-1 one forward gives f_moe's tokens
 // and, in parallel, f_ctr's tokens for step gamma (CEPD), placed under the best f_moe token.
-// Each depth expands the `width` likeliest new nodes by cumulative draft probability.
+// Each depth expands the `width` likeliest new nodes by cumulative draft probability. Each
+// depth is one graph on the drafter's device (jakiro_model::expand): only the candidates come
+// back to the host, and the features the next depth reads stay there.
 #pragma once
 
 #include <cstdint>

@@ -146,7 +146,9 @@ class ServerAnchor:
             with urllib.request.urlopen(req, timeout=1800) as r:
                 out = json.loads(r.read())
             t = out["timings"]
-            run = Run(n_tokens=t["predicted_n"], n_timed=t["predicted_n"],
+            # predicted_ms runs from the first token (the prompt's batch gave it) to the last:
+            # the tokens after the first, as localspec's own runs count them
+            run = Run(n_tokens=t["predicted_n"], n_timed=max(0, t["predicted_n"] - 1),
                       seconds=t["predicted_ms"] / 1e3, drafted=t.get("draft_n", 0),
                       accepted=t.get("draft_n_accepted", 0))
             return run, out["content"]
@@ -170,8 +172,9 @@ def make_anchors(names: list[str], model_path: Path, draft_path: Path | None, n_
     for name in names:
         if name == "llama-cpp-python":
             anchors.append(PromptLookupAnchor(model_path, n_ctx, threads))
-        elif name in ("llama-server", "llama-server-ngram"):
-            chosen = SERVER_CONFIGS if name == "llama-server" else NGRAM_CONFIGS
+        elif name in ("llama-server", "llama-server-ngram", "llama-server-plain"):
+            chosen = {"llama-server": SERVER_CONFIGS, "llama-server-ngram": NGRAM_CONFIGS,
+                      "llama-server-plain": ["llama-server plain"]}[name]
             for n in chosen:
                 extra = SERVER_CONFIGS[n]
                 if n == "llama-server ngram-cache" and lookup_cache is not None:
@@ -179,5 +182,6 @@ def make_anchors(names: list[str], model_path: Path, draft_path: Path | None, n_
                 anchors.append(ServerAnchor(n, model_path, draft_path, n_ctx, threads, extra, rpc,
                                             n_gpu_layers))
         else:
-            raise LocalspecError(f"unknown anchor '{name}' (llama-cpp-python, llama-server, llama-server-ngram)")
+            raise LocalspecError(f"unknown anchor '{name}' (llama-cpp-python, llama-server, llama-server-ngram, "
+                                 "llama-server-plain)")
     return anchors

@@ -248,8 +248,7 @@ def run_llama_server(model_path, prompts: list[list[int]], rates: Sequence[float
                     if r.failed:
                         arm.failed = r.failed
                         break
-                    # llama-server times from the end of the prompt, its first token included
-                    arm.tokens += r.n_tokens - 1
+                    arm.tokens += r.n_timed
                     arm.seconds += r.seconds
                     arm.drafted += r.drafted
                     arm.accepted += r.accepted

@@ -156,9 +156,11 @@ class Context:
             raise LocalspecError(f"batch of {n} tokens exceeds n_batch={self.config.n_batch}")
         self._check_room(n)
         pending = np.asarray(pending, np.int32)
-        pad_to = next((s for s in self.shapes if s >= n), n)
-        if pad_to > self.config.n_batch or len(self.tokens) + pad_to > self.n_ctx:
-            pad_to = n
+        pad_to = n
+        if self.shapes:
+            pad_to = next((s for s in self.shapes if s >= n), n)
+            if pad_to > self.config.n_batch or len(self.tokens) + pad_to > self.n_ctx:
+                pad_to = n
         batch, status = _native.launch(self.ptr, len(self.tokens), pending, tokens, parents, all_pending_rows,
                                        pad_to, self._pad_seq)
         _check_status(status, n)
@@ -181,7 +183,8 @@ class Context:
             *verdict, again = self.finish(q_offsets, q_ids, q_probs, sampler, tie_bound)
             return (*verdict, seconds + again)
         self.tokens.extend(pending.tolist())
-        self.tokens.extend(tokens[path[:n_cached]].tolist())
+        if n_cached:  # (a plain step has none: numpy's indexing costs more than the step's Python)
+            self.tokens.extend(tokens[path[:n_cached]].tolist())
         return path, nxt, unsettled, n_cached, seconds
 
     def sample_on_device(self, top_k: int | None) -> None:
