@@ -402,7 +402,7 @@ def bench_synthetic(a: argparse.Namespace) -> None:
     if "llama-server" in (a.anchor or []):
         theirs = synthetic.run_llama_server(model_path, prompts, rates, a.max_tokens, a.repeat, n_ctx,
                                             cfg.threads)
-        text += "\n\n" + synthetic.report_llama(theirs, configs, rates)
+        text += "\n\n" + synthetic.report_llama(theirs, configs)
     print(f"\n{model_path.stem} · {a.workload} × {len(prompts)} · {a.max_tokens} tokens"
           f" · greedy · {a.repeat} runs each\n\n{text}")
 

@@ -102,9 +102,8 @@ def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler, tie_bound: floa
     node, before cells of earlier positions, would be computed slightly differently from
     plain decoding. Accepted nodes after the first hole are therefore dropped from the
     cache and come back as `pending` in the next decode; the cache stays in position order."""
-    path, nxt, unsettled, n_cached, seconds = ctx.finish(tree.q_offsets, tree.q_ids, tree.q_probs, sampler,
-                                                         tie_bound)
-    accepted = tree.tokens[path].tolist() if len(path) else []
+    path, accepted, nxt, unsettled, n_cached, seconds = ctx.finish(tree.q_offsets, tree.q_ids, tree.q_probs,
+                                                                   sampler, tie_bound)
     return Verdict(path, accepted + ([nxt] if nxt >= 0 else []), unsettled, n_cached, seconds)
 
 

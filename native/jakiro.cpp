@@ -242,7 +242,6 @@ void jakiro_model::set_layer_inputs(ggml_tensor ** inputs, const int32_t * token
     ggml_backend_tensor_set(inputs[0], tokens, 0, ggml_nbytes(inputs[0]));
     ggml_backend_tensor_set(inputs[1], pos, 0, ggml_nbytes(inputs[1]));
     ggml_backend_tensor_set(inputs[2], mask, 0, ggml_nbytes(inputs[2]));
-    n_cached_ += n;
 }
 
 jakiro_step_out jakiro_model::step(const float * feats, const int32_t * tokens, const int32_t * pos,
@@ -263,9 +262,9 @@ jakiro_step_out jakiro_model::step(const float * feats, const int32_t * tokens, 
     ggml_backend_tensor_set(in_feats, feats, 0, ggml_nbytes(in_feats));
     set_layer_inputs(inputs, tokens, pos, mask, n);
     if (ggml_backend_graph_compute(backend_.get(), gf) != GGML_STATUS_SUCCESS) {
-        n_cached_ -= n;
         throw std::runtime_error("drafter forward failed");
     }
+    n_cached_ += n;  // the pass's K/V are in their slots
     jakiro_step_out out;
     out.u.resize(size_t(n) * d);
     out.router.resize(size_t(n) * N);
@@ -323,7 +322,7 @@ jakiro_candidates jakiro_model::heads(ggml_context * ctx, ggml_cgraph * gf, laye
     ggml_tensor * moe = N == 1 ? ggml_add(ctx, o.u, e_a)
                                : ggml_add(ctx, o.u, ggml_add(ctx, ggml_mul(ctx, e_a, s_a), ggml_mul(ctx, e_b, s_b)));
     ggml_tensor * rows = nullptr;  // [d, rows]: the first features of every position, then the second
-    if (which == head_rows::single || N == 1) {
+    if (N == 1) {  // head_rows::single
         rows = moe;
     } else if (which == head_rows::cepd) {
         ggml_tensor * ctr = ggml_add(ctx, o.u, ggml_sub(ctx, ggml_scale(ctx, e_a, hp_.beta1), ggml_scale(ctx, e_b, hp_.beta2)));
@@ -412,16 +411,12 @@ jakiro_candidates jakiro_model::expand(const int32_t * bank, const int32_t * tok
     ggml_set_input(in_bank);
     ggml_tensor * inputs[3];
     const layer_out o = layer(ctx, gf, ggml_get_rows(ctx, bank_, in_bank), tokens, n, inputs);
-    const int32_t n_cached = n_cached_;
-    try {
-        return heads(ctx, gf, o, n, which, k, features, [&] {
-            ggml_backend_tensor_set(in_bank, bank, 0, ggml_nbytes(in_bank));
-            set_layer_inputs(inputs, tokens, pos, mask, n);
-        });
-    } catch (...) {
-        n_cached_ = n_cached;
-        throw;
-    }
+    jakiro_candidates c = heads(ctx, gf, o, n, which, k, features, [&] {
+        ggml_backend_tensor_set(in_bank, bank, 0, ggml_nbytes(in_bank));
+        set_layer_inputs(inputs, tokens, pos, mask, n);
+    });
+    n_cached_ += n;  // the pass's K/V are in their slots
+    return c;
 }
 
 std::vector<float> jakiro_model::logits(const float * feats, int32_t m) {

@@ -60,7 +60,7 @@ def test_llama_cpp_loop_at_the_same_rates(small_path):
     assert [a.name for a in arms] == ["llama-server plain", "llama-server chain K=4"]
     assert "--spec-synth-rates" in arms[1].extra and "1,1,1,1" in arms[1].extra
     ours = [synthetic.Arm("plain", tokens=20, seconds=1.0), synthetic.Arm("chain K=4", 1, tokens=20, seconds=0.5)]
-    text = synthetic.report_llama(arms, ours, rates)
+    text = synthetic.report_llama(arms, ours)
     if not (LLAMA_TOOLS / "llama-server").exists():
         assert all("build-llama-tools.sh" in a.failed for a in arms)
         assert "failed" in text

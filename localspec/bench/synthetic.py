@@ -257,7 +257,7 @@ def run_llama_server(model_path, prompts: list[list[int]], rates: Sequence[float
     return configs
 
 
-def report_llama(configs: list[LlamaArm], ours: list[Arm], rates: Sequence[float]) -> str:
+def report_llama(configs: list[LlamaArm], ours: list[Arm]) -> str:
     """llama.cpp's loop beside localspec's chain at the same rates."""
     plain = configs[0]
     rows = ["llama.cpp's own loop at the same rates (llama-server, ngram-simple drafts, "

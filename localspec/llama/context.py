@@ -170,8 +170,9 @@ class Context:
                tie_bound: float = 0.0) -> tuple[list[int], int, bool, int, float]:
         """Wait for the launched batch, accept exactly with `sampler` (a TokenSampler; q_*: the
         distributions sampled nodes were drawn from), and keep in sequence 0 the pending tokens
-        and the accepted path up to its first gap. Returns (accepted nodes, the next token,
-        unsettled, nodes cached, seconds in llama_decode and waiting for its outputs)."""
+        and the accepted path up to its first gap. Returns (accepted nodes, their tokens, the
+        next token, unsettled, nodes cached, seconds in llama_decode and waiting for its
+        outputs)."""
         batch, pending, tokens, parents, all_pending_rows = self._inflight
         self._inflight = None
         path, nxt, unsettled, n_cached, seconds, device_failed = _native.finish(
@@ -182,10 +183,11 @@ class Context:
             self.launch(pending, tokens, parents, all_pending_rows)
             *verdict, again = self.finish(q_offsets, q_ids, q_probs, sampler, tie_bound)
             return (*verdict, seconds + again)
+        # (a plain step accepts nothing: numpy's indexing would cost more than its Python)
+        accepted = tokens[path].tolist() if len(path) else []
         self.tokens.extend(pending.tolist())
-        if n_cached:  # (a plain step has none: numpy's indexing costs more than the step's Python)
-            self.tokens.extend(tokens[path[:n_cached]].tolist())
-        return path, nxt, unsettled, n_cached, seconds
+        self.tokens.extend(accepted[:n_cached])
+        return path, accepted, nxt, unsettled, n_cached, seconds
 
     def sample_on_device(self, top_k: int | None) -> None:
         """Acceptance reads each row from a sampler inside the forward's graph (native/step.h):
