@@ -5,9 +5,10 @@
 # argmax on the device, every output checked against plain decoding and any row the device
 # gave no valid token for counted; and the synthetic-acceptance bench (mean lengths 4 and 8:
 # chains, trees, a no-draft step against plain's) with the batch shapes on (auto) and off,
-# T 0.8 with top-k 40 (each row's candidates from the graph), and Jakiro's draft trees grown
-# on the device against the target's forward (scripts/jakiro_cost.py).
-# Logs and JSON land in $OUT.
+# T 0.8 with top-k 40 (each row's candidates from the graph), Jakiro's draft trees grown on the
+# device against the target's forward (scripts/jakiro_cost.py), then, time allowing, the
+# Qwen3-30B-A3B-shaped MoE (../shared/gpu/make_moe.py).
+# The log, the JSON and the cost curves land in $OUT (a device call brings back 8 files).
 #   run(command="bash scripts/gpu-check.sh", carry=[".gpu"], timeout_s=590)
 set -u
 S=$(date +%s); el() { echo "[$(( $(date +%s) - S ))s] $*"; }
@@ -19,18 +20,19 @@ python3 -m venv /tmp/v
 python3 -c 'import site; print(site.getsitepackages()[0])' > $(echo /tmp/v/lib/python3*/site-packages)/base.pth
 $V/pip install -q --no-index --find-links $G/whl fastapi uvicorn gguf platformdirs textual jinja2 rich diskcache 2>&1 | tail -2
 mkdir -p /tmp/models /tmp/lcp && tar xzf $G/llama-cpp-python.tar.gz -C /tmp/lcp
-( for m in 7b; do $V/python $G/make_model.py $G/qwen15-skel.gguf $m /tmp/models/rand-$m.gguf; done > $O/models.log 2>&1 ) &
+( $V/python $G/make_model.py $G/qwen15-skel.gguf 7b /tmp/models/rand-7b.gguf
+  $V/python $G/make_moe.py $G/qwen15-skel.gguf 30b-a3b /tmp/models/rand-moe.gguf ) > /tmp/models.log 2>&1 &
 MODELS=$!
 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .) -DGGML_RPC=on -DLLAVA_BUILD=OFF" \
-  $V/pip install -v --no-index --no-build-isolation --no-deps /tmp/lcp/llama_cpp_python-* > $O/build.log 2>&1 \
-  || { el "llama-cpp-python build failed"; tail -30 $O/build.log; exit 1; }
+  $V/pip install -v --no-index --no-build-isolation --no-deps /tmp/lcp/llama_cpp_python-* > /tmp/build.log 2>&1 \
+  || { el "llama-cpp-python build failed"; tail -30 /tmp/build.log; exit 1; }
 el "llama-cpp-python built"
-$V/pip install -v --no-index --no-build-isolation --no-deps -e . > $O/native.log 2>&1 \
-  || { el "localspec install failed"; tail -30 $O/native.log; exit 1; }
-el "localspec installed"; wait $MODELS; cat $O/models.log  # (a bare wait would wait for tee too)
+$V/pip install -v --no-index --no-build-isolation --no-deps -e . > /tmp/native.log 2>&1 \
+  || { el "localspec install failed"; tail -30 /tmp/native.log; exit 1; }
+el "localspec installed"; wait $MODELS; cat /tmp/models.log  # (a bare wait would wait for tee too)
 L=$V/localspec
 $L generate -m /tmp/models/rand-7b.gguf --max-tokens 8 --drafter none "def f(x):" 2>&1 | grep -E "^localspec:|tokens/s"
-B="bench --workload code-edit --limit 2 --max-tokens 192 -m /tmp/models/rand-7b.gguf"
+B="bench --workload code-edit --limit 3 --max-tokens 128 -m /tmp/models/rand-7b.gguf"
 timeout 100 $L $B --drafter lookup --drafter suffix --json $O/bench-7b.json > $O/bench-7b.txt 2>&1
 grep -v "^bench\|warming" $O/bench-7b.txt; echo "rows without a valid device token: $(grep -c 'no valid token' $O/bench-7b.txt)"
 grep "not finite" $O/bench-7b.txt | head -2
@@ -45,5 +47,13 @@ for run in "len=4 auto" "len=4 off"; do
 done
 timeout 100 $V/python scripts/jakiro_cost.py -m /tmp/models/rand-7b.gguf --only tree 2>&1 | grep -v "^localspec: [a-z]* curve"
 el "Jakiro trees on the device (a step against the target's forward)"
+# The MoE (Qwen3-30B-A3B's shapes, issue 43's second target) while time is left in 9 minutes.
+if [ $(( $(date +%s) - S )) -lt 390 ]; then
+  M="-m /tmp/models/rand-moe.gguf --workload code-edit --max-tokens 128"
+  timeout 80 $L bench $M --limit 2 --drafter lookup --json $O/bench-moe.json 2>&1 | grep -v "^bench\|warming"
+  el "bench MoE (argmax on the device)"
+  timeout 45 $L bench $M --limit 1 --synthetic len=4 --synthetic-k 15 --shapes auto 2>&1 | grep -v "^bench\|warming\|^localspec: [a-z]* curve"
+  el "synthetic MoE len=4 shapes=auto"
+fi
 for f in $LOCALSPEC_HOME/cache/cost/*.json; do cp $f $O/curve-$(basename $f); done
 el done
