@@ -10,18 +10,27 @@
 # Qwen3-30B-A3B-shaped MoE (../shared/gpu/make_moe.py).
 # The log, the JSON and the cost curves land in $OUT (a device call brings back 8 files).
 #   run(command="bash scripts/gpu-check.sh", carry=[".gpu"], timeout_s=590)
+# QUICK=1: the 7B alone (no MoE, no shapes-off run), for a second call in a short budget.
 set -u
 S=$(date +%s); el() { echo "[$(( $(date +%s) - S ))s] $*"; }
 G=$PWD/.gpu; O=${OUT:-/tmp/out}; mkdir -p $O
-V=/tmp/v/bin; export LOCALSPEC_HOME=/tmp/lshome PYTHONUNBUFFERED=1
+V=/tmp/v/bin; export LOCALSPEC_HOME=/tmp/lshome PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 exec > >(tee -a $O/log.txt) 2>&1
 el start; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc
 python3 -m venv /tmp/v
 python3 -c 'import site; print(site.getsitepackages()[0])' > $(echo /tmp/v/lib/python3*/site-packages)/base.pth
 $V/pip install -q --no-index --find-links $G/whl fastapi uvicorn gguf platformdirs textual jinja2 rich diskcache 2>&1 | tail -2
 mkdir -p /tmp/models /tmp/lcp && tar xzf $G/llama-cpp-python.tar.gz -C /tmp/lcp
-( $V/python $G/make_model.py $G/qwen15-skel.gguf 7b /tmp/models/rand-7b.gguf
-  $V/python $G/make_moe.py $G/qwen15-skel.gguf 30b-a3b /tmp/models/rand-moe.gguf ) > /tmp/models.log 2>&1 &
+# The makers' random bytes give each quant block weights of one sign and sub-scales up to 127:
+# on CUDA a longer prompt's attention then overflows half precision, the prompt's last row has
+# NaN logits and every request leaves the device path (2026-11-27). Zero-mean blocks with small
+# sub-scales time the same and stay finite.
+tame() { sed -e 's/b\[:, 2:4\] = f16(2e-4)/b[:, 2:4] = f16(1.5e-3); b[:, 4:16] = 0x11/' \
+             -e 's/b\[:, -2:\] = f16(1e-4)/b[:, -2:] = f16(1e-4); b[:, 192:208] = 4/' $G/$1 > /tmp/$1
+  grep -q "0x11" /tmp/$1 && grep -q "192:208" /tmp/$1 || { echo "tame: $1 changed"; exit 1; }; }
+tame make_model.py; tame make_moe.py
+( $V/python /tmp/make_model.py $G/qwen15-skel.gguf 7b /tmp/models/rand-7b.gguf
+  [ -n "${QUICK:-}" ] || $V/python /tmp/make_moe.py $G/qwen15-skel.gguf 30b-a3b /tmp/models/rand-moe.gguf ) > /tmp/models.log 2>&1 &
 MODELS=$!
 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .) -DGGML_RPC=on -DLLAVA_BUILD=OFF" \
   $V/pip install -v --no-index --no-build-isolation --no-deps /tmp/lcp/llama_cpp_python-* > /tmp/build.log 2>&1 \
@@ -39,16 +48,18 @@ grep "not finite" $O/bench-7b.txt | head -2
 el "bench 7b (argmax on the device)"
 timeout 60 $L $B --drafter lookup --temperature 0.8 --top-k 40 --seed 1 --json $O/bench-7b-t08.json 2>&1 | grep -v "^bench\|warming"
 el "bench 7b, T 0.8 top-k 40 (candidates on the device)"
-for run in "len=4 auto" "len=4 off"; do
+RUNS=("len=4 auto"); [ -n "${QUICK:-}" ] || RUNS+=("len=4 off")
+for run in "${RUNS[@]}"; do
   set -- $run
   timeout 50 $L bench --synthetic $1 --synthetic-k 15 --shapes $2 -m /tmp/models/rand-7b.gguf \
     --workload code-edit --limit 1 --max-tokens 128 2>&1 | grep -v "^bench\|warming\|^localspec: [a-z]* curve"
   el "synthetic $1 shapes=$2"
 done
 timeout 100 $V/python scripts/jakiro_cost.py -m /tmp/models/rand-7b.gguf --only tree 2>&1 | grep -v "^localspec: [a-z]* curve"
+echo "jakiro_cost: exit ${PIPESTATUS[0]}"
 el "Jakiro trees on the device (a step against the target's forward)"
 # The MoE (Qwen3-30B-A3B's shapes, issue 43's second target) while time is left in 9 minutes.
-if [ $(( $(date +%s) - S )) -lt 390 ]; then
+if [ -z "${QUICK:-}" ] && [ $(( $(date +%s) - S )) -lt 390 ]; then
   M="-m /tmp/models/rand-moe.gguf --workload code-edit --max-tokens 128"
   timeout 80 $L bench $M --limit 2 --drafter lookup --json $O/bench-moe.json 2>&1 | grep -v "^bench\|warming"
   el "bench MoE (argmax on the device)"
