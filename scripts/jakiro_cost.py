@@ -22,6 +22,7 @@ from localspec.drafters.jakiro_config import JakiroConfig
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig
 from localspec.llama.cost import cost_curve
+from localspec.llama.placement import layers_that_fit
 from localspec.train.target_weights import TargetWeights
 
 
@@ -63,7 +64,9 @@ def main() -> None:
     a = ap.parse_args()
     want = lambda part: a.only in (None, part)  # noqa: E731
     path = store.resolve(a.model)
-    model = Model(path)
+    # On the GPUs where it fits, as the engine loads it (a CUDA build segfaulted loading this
+    # 7B on the CPU alone, with repacked weights: H200, 2026-11-27).
+    model = Model(path, layers_that_fit(path, 1024))
     weights = TargetWeights(path)
     with Context(model, ContextConfig(n_ctx=1024, n_threads=a.threads)) as ctx:
         t_target = cost_curve(ctx).seconds[0]
