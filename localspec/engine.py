@@ -290,6 +290,12 @@ class Engine:
         ctx = self.ctx = self.slots.pick(tokens)
         if not request.cache:
             ctx.clear()
+        # Padded shapes: the curve prices each size in the shape it runs in after the last
+        # forward's, and the context pads as it prices (plain requests keep to their shape).
+        live = None if plain or not ctx.shapes else self.curve
+        ctx.pad_rule = live.pad_to if isinstance(live, LiveCurve) else None
+        if ctx.pad_rule:
+            live.pad_with(tuple(ctx.shapes))
         options = RunOptions(not request.ignore_eog, tie_bound, max_batch, self._reading,
                              None if plain else getattr(self.curve, "observe", None), self.planning.price(),
                              self.drafters.ledger)

@@ -119,8 +119,8 @@ class RunOptions:
     max_batch: int | None = None
     # Hears how much of a long prompt is decoded (done, total).
     progress: Callable[[int, int], None] | None = None
-    # Hears what each verification forward cost: batch size, context before it, seconds
-    # (LiveCurve.observe).
+    # Hears what each verification forward cost: its rows (padding included), context before
+    # it, seconds (LiveCurve.observe).
     on_forward: Callable[[int, int, float], None] | None = None
     # Batch size, context -> seconds on another machine's curve: the controller hears each
     # iteration's time with its forward priced so, as if it ran there.
@@ -179,7 +179,7 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
         if choice is not None:
             drafter, budget, proposal = choice
             tree = budget.size(proposal)
-        launch(ctx, tree, pending, all_pending_rows=bool(followers))
+        launch(ctx, tree, pending, all_pending_rows=bool(followers), speculating=choice is not None)
         drafted = (ledger.measured - booked[0], ledger.charged - booked[1]) if ledger else (0.0, 0.0)
         return tree, drafter, controller.arm, controller.phase, len(ctx.tokens), len(pending), *drafted
 
@@ -192,8 +192,8 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
             tree, drafter, arm, phase, n_past, n_pending, draft_seconds, draft_charged = flight
             verdict = accept(ctx, tree, sampler, tie_bound)
             forward = verdict.seconds
-            if on_forward:
-                on_forward(n_pending + len(tree), n_past, verdict.seconds)
+            if on_forward:  # in the shape it ran in (a GPU pads batches to a few)
+                on_forward(ctx.shape, n_past, verdict.seconds)
             if followers:  # the pending rows, then the accepted nodes the cache kept
                 commit(n_past, list(range(n_pending + verdict.n_cached)))
             if len(tree):  # a proposal sized to nothing was not verified: nothing to observe

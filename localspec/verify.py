@@ -84,12 +84,14 @@ class Verdict:
     seconds: float = 0.0  # the target's forward: in llama_decode and waiting for its outputs
 
 
-def launch(ctx: Context, tree: DraftTree, pending: list[int], all_pending_rows: bool = False) -> None:
+def launch(ctx: Context, tree: DraftTree, pending: list[int], all_pending_rows: bool = False,
+           speculating: bool = False) -> None:
     """Start the target's forward over `pending` (emitted tokens not yet in the KV cache; the
     last is the tree's root) and the tree, in one llama_decode. Rows: pending tokens first
     (outputs for the root only, or for all with all_pending_rows), then the tree's nodes. On a
-    GPU it runs on after this returns, while the host does other work."""
-    ctx.launch(pending, tree.tokens, tree.parents, all_pending_rows)
+    GPU it runs on after this returns, while the host does other work. `speculating`: a
+    drafter proposed (the tree may be empty): the batch may keep the last forward's shape."""
+    ctx.launch(pending, tree.tokens, tree.parents, all_pending_rows, stay=speculating)
 
 
 def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler, tie_bound: float = 0.0) -> Verdict:

@@ -1,6 +1,7 @@
 """llama.cpp's model and context on real models: decoding exactly like llama.cpp."""
 
 import ctypes
+from dataclasses import replace
 import time
 from pathlib import Path
 
@@ -353,6 +354,66 @@ def test_a_live_curve_learns_what_forwards_cost():
     fresh = LiveCurve(measured)
     fresh.observe(2, 256, 0.56)
     assert fresh.at(256).cost(2) < 1.07 * measured.cost(2)
+
+
+def test_padded_shapes_price_a_forward_after_another_shape_and_stay_where_that_costs_less():
+    """On a GPU a batch whose shape differs from the last forward's runs without the graph the
+    last one reused (H200, a 30B-A3B MoE: one row 3.5 ms after one row, 9.4 after 16 rows; 16
+    rows 12.9 after 16, 17.9 after one row). With padded shapes the live curve learns both
+    prices, prices each size after the last forward's shape, and a smaller batch stays in
+    that shape, padded, where leaving and coming back costs more than staying."""
+    from localspec.drafters.base import Budget
+    from localspec.llama.cost import LiveCurve
+    from localspec.verify import DraftTree
+
+    shapes = (1, 2, 4, 8, 16)
+    base = CostCurve([0.0035, 0.0045, 0.0060, 0.0060, 0.0085, 0.0085, 0.0085, 0.0085] + [0.0129] * 8, 256)
+
+    def machine(same: dict[int, float], after_another: dict[int, float]):
+        """A live curve and a forward that costs what the machine charges for the shape the
+        curve pads it to."""
+        live = LiveCurve(replace(base, seconds=[same.get(n, x) for n, x in enumerate(base.seconds, 1)]))
+        live.pad_with(shapes)
+
+        def forward(n: int, speculating: bool = True) -> None:
+            shape = live.pad_to(n) if speculating else live.shape(n)
+            live.observe(shape, 256, (same if shape == live.last_shape else after_another)[shape])
+        return live, forward
+
+    moe, forward = machine({1: 0.0035, 16: 0.0129}, {1: 0.0094, 16: 0.0179})
+    assert moe.at(256).cost(16) == 0.0129 and moe.pad_to(3) == 4  # nothing seen: the base
+    for _ in range(60):  # 16-row steps and a no-draft step in every third, padded once it pays
+        for n in (1, 16, 16):
+            forward(n)
+    assert moe.last_shape == 16
+    after_16 = moe.at(256)
+    # A no-draft step costs 9.4 ms and the next 16 rows 5 ms more: it stays in 16 rows.
+    assert moe.pad_to(1) == 16 and after_16.cost(1) == after_16.cost(16) == pytest.approx(0.0129, rel=0.05)
+    for _ in range(60):  # plain steps (no drafter chose) after plain steps
+        forward(1, speculating=False)
+    after_1 = moe.at(256)
+    assert moe.last_shape == 1 and after_1.cost(1) == pytest.approx(0.0035, rel=0.05)
+    assert after_1.cost(16) == pytest.approx(0.0179, rel=0.05)  # 16 rows after one row
+    assert moe.pad_to(1) == 1 and moe.pad_to(5) == 8  # in a plain run, a no-draft step stays too
+    # A chain of 4 with reach 0.6 each: 3.4 tokens for 17.9 ms after a plain step does not
+    # pay; for 12.9 ms in a run of 16-row steps it does.
+    chain = DraftTree(np.arange(4), np.array([-1, 0, 1, 2]), np.full(4, 0.6))
+    assert len(Budget(after_1, 8).size(chain)) == 0
+    forward(16)
+    assert len(Budget(moe.at(256), 8).size(chain)) == 4
+    # Where staying costs more than leaving (a dense 7B: one row 4.8 ms after 16 rows, 16 rows
+    # 9.7 after one, 7.7 after 16), a no-draft step leaves.
+    dense, forward = machine({1: 0.0037, 16: 0.0077}, {1: 0.0048, 16: 0.0097})
+    for _ in range(60):
+        for n in (1, 16, 16):
+            forward(n)
+    assert dense.pad_to(1) == 1 and dense.at(256).cost(1) == pytest.approx(0.0048 + 0.0020, rel=0.1)
+    # Without padded shapes (a CPU) one correction per size, as before.
+    plain = LiveCurve(base)
+    for n, seconds in ((1, 0.0094), (16, 0.0179)) * 60:  # every forward after another size
+        plain.observe(n, 256, seconds)
+    assert plain.last_shape == 0 and plain.pad_to(1) == 1
+    assert plain.at(256).cost(1) == pytest.approx(0.0094, rel=0.1)
 
 
 def test_layers_that_fit_a_gpu(qwen_path, monkeypatch):

@@ -91,6 +91,10 @@ class Context:
         self._device: _native.SamplerOnDevice | None = None  # see sample_on_device
         self._device_top_k = 0  # what it runs: 0 the argmax, k a top-k
         self.shapes = sorted(config.shapes)  # the engine may narrow them to its cost curve's
+        # n -> the shape a batch of n runs in, where the engine's curve says staying in the last
+        # forward's costs less than leaving it (LiveCurve.pad_to); None: the next shape up.
+        self.pad_rule: Callable[[int], int] | None = None
+        self.shape = 0  # the last launched batch's rows, padding included
         self._pad_seq = config.n_seq_max if config.shapes else -1
         # The sequences every token the context holds sits in (see context_in_every_sequence).
         self._shared = np.arange(config.n_seq_max if config.context_in_every_sequence else 1, dtype=np.int32)
@@ -145,10 +149,12 @@ class Context:
         _check_status(_native.decode(self.ptr, tokens, pos, offsets, flat, out), len(tokens))
 
     def launch(self, pending: Sequence[int], tokens: np.ndarray, parents: np.ndarray,
-               all_pending_rows: bool = False) -> None:
+               all_pending_rows: bool = False, stay: bool = False) -> None:
         """Start one forward over `pending` (emitted, not yet in the cache; the last is the
         root) and a draft tree (tokens, parents) in one native call (native/step.h), the GIL
-        released. A GPU computes it after this returns: finish() waits for it."""
+        released. A GPU computes it after this returns: finish() waits for it. `stay`: the
+        batch may stay in the last forward's shape (pad_rule), as a speculating step's would
+        (a plain step's forward runs in its own: the next is plain too)."""
         if self._inflight is not None:
             raise LocalspecError("a batch is already in flight on this context")
         n = len(pending) + len(tokens)
@@ -158,13 +164,14 @@ class Context:
         pending = np.asarray(pending, np.int32)
         pad_to = n
         if self.shapes:
-            pad_to = next((s for s in self.shapes if s >= n), n)
+            pad_to = self.pad_rule(n) if stay and self.pad_rule else next((s for s in self.shapes if s >= n), n)
             if pad_to > self.config.n_batch or len(self.tokens) + pad_to > self.n_ctx:
                 pad_to = n
         batch, status = _native.launch(self.ptr, len(self.tokens), pending, tokens, parents, all_pending_rows,
                                        pad_to, self._pad_seq)
         _check_status(status, n)
-        self._inflight = (batch, pending, tokens, parents, all_pending_rows)
+        self._inflight = (batch, pending, tokens, parents, all_pending_rows, stay)
+        self.shape = pad_to  # the batch's rows, padding included
 
     def finish(self, q_offsets: np.ndarray, q_ids: np.ndarray, q_probs: np.ndarray, sampler,
                tie_bound: float = 0.0) -> tuple[list[int], int, bool, int, float]:
@@ -173,14 +180,14 @@ class Context:
         and the accepted path up to its first gap. Returns (accepted nodes, their tokens, the
         next token, unsettled, nodes cached, seconds in llama_decode and waiting for its
         outputs)."""
-        batch, pending, tokens, parents, all_pending_rows = self._inflight
+        batch, pending, tokens, parents, all_pending_rows, stay = self._inflight
         self._inflight = None
         path, nxt, unsettled, n_cached, seconds, device_failed = _native.finish(
             self.ptr, batch, q_offsets, q_ids, q_probs, sampler.sampler, sampler.history, sampler.rng, tie_bound,
             self.rows_from)
         if device_failed:  # nothing was kept: the same batch again, read on the host
             self._off_device("a verification row")
-            self.launch(pending, tokens, parents, all_pending_rows)
+            self.launch(pending, tokens, parents, all_pending_rows, stay)
             *verdict, again = self.finish(q_offsets, q_ids, q_probs, sampler, tie_bound)
             return (*verdict, seconds + again)
         # (a plain step accepts nothing: numpy's indexing would cost more than its Python)
