@@ -196,7 +196,7 @@ def test_train_a_tiny_drafter_from_scratch_then_convert_and_inspect(tiny_run, ca
 
 
 def test_jakiro_greedy_identical_to_plain(tiny_run, small_model, reference):
-    """10 of the 20 prompts × 128 tokens, target on one thread (batches reproduce single
+    """5 of the 20 prompts × 128 tokens, target on one thread (batches reproduce single
     tokens bit for bit there, see test_speculative), the drafter's trees verified under a flat
     cost curve (so it drafts all it can) cut at 5 nodes to keep the test's time down; against
     the session's plain outputs (a context without hidden states: they change no logit)."""
@@ -204,10 +204,10 @@ def test_jakiro_greedy_identical_to_plain(tiny_run, small_model, reference):
     with Context(small_model, ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, embeddings=True)) as ctx:
         drafter = JakiroDrafter(JakiroRuntime(gguf, small_model, n_ctx=1024, n_threads=1))
         stats = Stats()
-        for p in PROMPTS[1::2]:
+        for p in PROMPTS[1::4]:
             tokens = small_model.tokenize(p)
             assert speculative(ctx, drafter, tokens, stats=stats, max_nodes=5) == reference[p], p
-    assert stats.draft_n_accepted > 25 and stats.draft_n - stats.draft_n_accepted > 100, stats.summary()
+    assert stats.draft_n_accepted > 12 and stats.draft_n - stats.draft_n_accepted > 50, stats.summary()
 
 
 def test_shipped_smollm2_drafter_decodes_like_plain(small_path, small_model):

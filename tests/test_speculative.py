@@ -74,8 +74,8 @@ def speculative(ctx, drafter, prompt, n=N_TOKENS, sampling=GREEDY, stats=None, m
 
 
 def test_lookup_greedy_identical_to_plain(target, reference):
-    """The odd prompts (the even ones run with the argmax on the device, below: between them
-    every prompt, in half the suite's time)."""
+    """The odd prompts (the suffix drafter and the argmax on the device, below, run even
+    ones: in half the suite's time)."""
     stats = Stats()
     drafter = LookupDrafter()
     for p in PROMPTS[1::2]:
@@ -110,7 +110,7 @@ def test_argmax_on_device_greedy_identical_to_plain(small_model, reference):
     stats = Stats()
     config = ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, sample_on_device=True)
     with Context(small_model, config) as ctx:
-        for p in PROMPTS[::2]:
+        for p in PROMPTS[::4]:
             prompt = small_model.tokenize(p)
             assert plain(ctx, prompt) == reference[p], p
             assert speculative(ctx, LookupDrafter(), prompt, stats=stats) == reference[p], p
@@ -253,14 +253,14 @@ def test_stopping_with_a_forward_in_flight_leaves_the_cache_as_handed_out(small_
 def test_draft_model_greedy_identical_to_plain(target, reference, small_path, width):
     """The draft model here is the target's own GGUF (the one small model with its
     tokenizer), so drafts are the target's argmax up to a near tie; the tree's other
-    branches are the draft's runners-up. The chain runs the odd prompts and the tree the
-    even ones: between them every prompt, in half the suite's time."""
+    branches are the draft's runners-up. The chain and the tree each run a quarter of the
+    prompts, different ones, to keep the suite's time down."""
     with Model(small_path) as dm, draft_context(dm, 2048, 1) as dctx:
         drafter = DraftModelDrafter(dctx, target.model, width=width)
         stats = Stats()
-        for p in (PROMPTS[1::2] if width == 1 else PROMPTS[::2]):
+        for p in (PROMPTS[1::4] if width == 1 else PROMPTS[::4]):
             assert speculative(target, drafter, target.model.tokenize(p), stats=stats) == reference[p], p
-    assert stats.draft_n_accepted > 500
+    assert stats.draft_n_accepted > 250
     if width > 1:
         assert stats.draft_n > 2 * stats.draft_n_accepted  # branches were verified and rejected
 
@@ -351,7 +351,7 @@ def test_qwen_greedy_differs_only_at_measured_ties_and_strict_is_identical(qwen_
                 assert engine.exactness[1] >= 2, "no batch reproduces single tokens here"
             else:
                 assert engine.exactness[0] > 0
-            for prompt in PROMPTS[:4]:
+            for prompt in PROMPTS[:2]:  # two: the 0.5B is the suite's slowest model
                 tokens = engine.model.tokenize(prompt)
                 ref, _ = run_ours(engine, tokens, NONE, 96, GREEDY)
                 for drafter in ("lookup", "suffix"):
