@@ -128,6 +128,7 @@ class LiveCurve:
         # forwards; step: the furthest one forward moves the mean, in log
         self.shrink, self.memory, self.step = shrink, memory, step
         self.shapes: tuple[int, ...] = ()  # the padded shapes (the engine sets its context's)
+        self._own: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}  # _own_shapes()
         self.rebase(base)
 
     def rebase(self, base: CostCurve) -> None:
@@ -149,6 +150,13 @@ class LiveCurve:
         if shapes != self.shapes:
             self.shapes, self.last_shape = shapes, 0
             self._at.clear()
+
+    def _own_shapes(self, size: int) -> np.ndarray:
+        """Per batch size n (1..size), the index of the shape it is padded to."""
+        key = (size, self.shapes)
+        if key not in self._own:
+            self._own[key] = np.minimum([self.shape(n) for n in range(1, size + 1)], size) - 1
+        return self._own[key]
 
     def shape(self, n: int) -> int:
         """The shape a batch of n tokens is padded to (n itself beyond the largest)."""
@@ -208,7 +216,7 @@ class LiveCurve:
         """For each batch size n (1..): the seconds of running it in its own shape, of staying
         in the last forward's, and whether staying is the cheaper, on the base curve `base`."""
         f, size, last = self.factors(), len(base), self.last_shape
-        own = np.minimum([self.shape(n) for n in range(1, size + 1)], size) - 1
+        own = self._own_shapes(size)
         if not last or last > size:
             return base[own] * f[SAME, own], np.full(size, np.inf), np.zeros(size, bool)
         i = last - 1
