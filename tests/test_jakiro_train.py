@@ -219,10 +219,10 @@ def test_shipped_smollm2_drafter_decodes_like_plain(small_path, small_model):
     with Context(small_model, ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, embeddings=True)) as ctx:
         drafter = JakiroDrafter(JakiroRuntime(gguf, small_model, n_ctx=1024, n_threads=1))
         stats = Stats()
-        for p in PROMPTS[:6]:
+        for p in PROMPTS[:3]:
             tokens = small_model.tokenize(p)
             assert speculative(ctx, drafter, tokens, stats=stats, max_nodes=5) == plain(ctx, tokens), p
-    assert stats.draft_n_accepted > 50, stats.summary()
+    assert stats.draft_n_accepted > 25, stats.summary()
 
 
 def test_static_k_jakiro_from_the_command_line(small_path, capsys):
@@ -248,7 +248,7 @@ def test_jakiro_sampling_keeps_the_targets_distribution(tiny_run, small_model):
         drafter = JakiroDrafter(JakiroRuntime(gguf, small_model, n_ctx=256, n_threads=2))
         counts: dict[int, list[int]] = {}
         stats = Stats()
-        for seed in range(140):
+        for seed in range(100):
             cfg = SamplingConfig(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0, seed=seed)
             # -1: the text ended before
             a = (plain(ctx, prompt, 6, cfg) + [-1] * 6)[5]

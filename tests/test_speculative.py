@@ -92,7 +92,7 @@ def test_suffix_greedy_identical_to_plain(target, reference):
     from localspec.drafters.suffix import SuffixDrafter, SuffixStore
 
     stats = Stats()
-    for p in PROMPTS[::2]:  # every other prompt keeps the test's time down
+    for p in PROMPTS[::4]:  # a quarter of the prompts keeps the test's time down
         store = SuffixStore(None, target.model.tokenizer_hash)
         for other in PROMPTS:
             if other != p:
