@@ -6,13 +6,24 @@ threads and flash-attention setting, and prints both rates and the overhead. `--
 context holds N sequences, every token in all of them, as the engine's does for draft trees.
 Needs scripts/build-llama-tools.sh first.
 
+`--seqs 1,8`: instead, localspec's loop in a context of each, one model loaded, alternating:
+what holding every token in 8 sequences costs a plain step. `--server-clock`: instead,
+llama-server's own timing (predicted_ms, the bench's anchor) against the client's clock from
+the first streamed token to the last.
+
     python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 128 --rounds 5 [--depth 200 --seqs 8]
+    python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 64 --rounds 8 --depth 200 --seqs 1,8
+    python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 96 --rounds 6 --server-clock
 """
 
 import argparse
 import json
 import statistics
 import subprocess
+import time
+
+import httpx
+from measure import start_server
 
 from localspec import store
 from localspec.llama import Context, Model
@@ -37,6 +48,52 @@ def localspec_tps(ctx: Context, n: int, depth: int) -> float:
     return stats.predicted_per_second
 
 
+def compare_seqs(model: Model, a: argparse.Namespace, seqs: list[int]) -> None:
+    rates: dict[int, list[float]] = {n: [] for n in seqs}
+    contexts = {n: Context(model, ContextConfig(n_ctx=1024, n_threads=a.threads, flash_attn=a.flash_attn,
+                                                n_seq_max=n)) for n in seqs}
+    try:
+        for ctx in contexts.values():
+            localspec_tps(ctx, 8, a.depth)  # warm-up
+        for r in range(a.rounds):
+            for n in seqs if r % 2 == 0 else seqs[::-1]:  # each first in every other round
+                rates[n].append(localspec_tps(contexts[n], a.n, a.depth))
+            print(f"round {r + 1}: " + " · ".join(f"{n} seq {rates[n][-1]:.2f}" for n in seqs) + " t/s", flush=True)
+    finally:
+        for ctx in contexts.values():
+            ctx.close()
+    first, last = rates[seqs[0]], rates[seqs[-1]]
+    ratio = [x / y for x, y in zip(first, last)]
+    print("median " + ", ".join(f"{n} seq {statistics.median(rates[n]):.2f}" for n in seqs) + " t/s; "
+          f"{seqs[0]} / {seqs[-1]} per round: median {statistics.median(ratio):.3f}, "
+          f"range {min(ratio):.3f}-{max(ratio):.3f}")
+
+
+def server_clock(path: str, a: argparse.Namespace) -> None:
+    proc, url = start_server("llama-server", [a.bench.replace("llama-bench", "llama-server"), "-m", path, "-t",
+                                              str(a.threads), "-c", "2048", "-fa", a.flash_attn, "-np", "1"])
+    try:
+        ratios = []
+        for r in range(a.rounds):
+            body = {"prompt": f"# variant {r}\n" + "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 12,
+                    "n_predict": a.n, "temperature": 0, "stream": True, "ignore_eos": True, "cache_prompt": False}
+            stamps, timings = [], {}
+            with httpx.stream("POST", url + "/completion", json=body, timeout=600) as resp:
+                for line in resp.iter_lines():
+                    if line.startswith("data: "):
+                        d = json.loads(line[6:])
+                        stamps += [time.perf_counter()] if d.get("content") else []
+                        timings = d.get("timings", timings)
+            client = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+            server = timings["predicted_ms"] / 1e3 / (timings["predicted_n"] - 1)
+            ratios.append(client / server)
+            print(f"round {r + 1}: client {1 / client:.2f} t/s, server {1 / server:.2f} t/s", flush=True)
+        print(f"median client / server time per token: {statistics.median(ratios):.3f}")
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-m", "--model", default=store.DEFAULT_MODEL)
@@ -46,12 +103,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--bench", default="build/llama-tools/llama-bench")
     ap.add_argument("--depth", type=int, default=0, help="context tokens before the timed ones")
-    ap.add_argument("--seqs", type=int, default=1, help="sequences the context holds every token in")
+    ap.add_argument("--seqs", default="1", help="sequences the context holds every token in (1,8: compare)")
+    ap.add_argument("--server-clock", action="store_true", help="llama-server's timing against the client's clock")
     a = ap.parse_args()
     path = str(store.resolve(a.model))
+    seqs = [int(n) for n in a.seqs.split(",")]
+    if a.server_clock:
+        return server_clock(path, a)
+    if len(seqs) > 1:
+        with Model(path) as model:
+            return compare_seqs(model, a, seqs)
     ours, theirs = [], []
     with Model(path) as model, Context(model, ContextConfig(
-            n_ctx=1024, n_threads=a.threads, flash_attn=a.flash_attn, n_seq_max=a.seqs)) as ctx:
+            n_ctx=1024, n_threads=a.threads, flash_attn=a.flash_attn, n_seq_max=seqs[0])) as ctx:
         localspec_tps(ctx, 16, a.depth)  # warm-up
         for r in range(a.rounds):
             theirs.append(llama_bench_tps(a.bench, path, a.n, a.threads, a.flash_attn, a.depth))
@@ -62,7 +126,7 @@ def main() -> None:
     # Each round's pair ran back to back, so their ratio is the least noisy figure.
     overhead = statistics.median(t / s - 1 for t, s in zip(theirs, ours))
     print(f"\nmedian over {a.rounds} rounds, tg{a.n} after {a.depth}, {a.threads} threads, "
-          f"flash-attn {a.flash_attn}, {a.seqs} sequence(s):")
+          f"flash-attn {a.flash_attn}, {seqs[0]} sequence(s):")
     print(f"llama-bench {b:.2f} t/s · localspec {o:.2f} t/s · "
           f"overhead (median of per-round ratios) {100 * overhead:+.1f}% per token")
 
