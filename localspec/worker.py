@@ -61,8 +61,8 @@ class Worker:
     def _serve(self, load: Callable[[], Engine]) -> None:
         try:
             self.engine = load()
-        except LocalspecError as e:
-            self.error = str(e)
+        except Exception as e:  # noqa: BLE001 -- any failure: every job hears why, none waits for good
+            self.error = str(e) if isinstance(e, LocalspecError) else f"cannot load the model: {type(e).__name__}: {e}"
         while (job := self._jobs.get()) is not None:
             if job.cancel.is_set():
                 job.put(END)

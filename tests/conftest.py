@@ -47,11 +47,18 @@ def from_test_store(name: str) -> Path:
     return path if path.exists() else pull.pull(name, into=TEST_MODELS)
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def test_models():
-    """Both test models before any test: what a drafter finds beside a target (auto's draft
-    model) is then the same in every run, whichever test comes first."""
+    """Both test models before any model test: what a drafter finds beside a target (auto's
+    draft model) is then the same in every run, whichever test comes first."""
     return {name: from_test_store(name) for name in (SMALL, QWEN_SMALL)}
+
+
+@pytest.fixture(autouse=True)
+def _models_first(request):
+    """Every test but the unit tier's (marked `unit`: no model on disk) has the models first."""
+    if request.node.get_closest_marker("unit") is None:
+        request.getfixturevalue("test_models")
 
 
 @pytest.fixture(scope="session")

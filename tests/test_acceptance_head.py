@@ -116,6 +116,7 @@ def test_drafting_with_the_head_is_greedy_identical_and_cuts_by_the_rule(trained
     assert len(set(lengths)) >= 3 and max(lengths) <= 8
 
 
+@pytest.mark.unit
 def test_draft_spec_options():
     assert DrafterSpec.parse("draft") == DrafterSpec("draft")
     assert DrafterSpec.parse("draft:qwen,head=off") == DrafterSpec("draft", "qwen", head="off")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 import struct
 
+import pytest
 from conftest import RECORDED_CURVE
 
 from localspec.bench import workloads
@@ -20,6 +21,7 @@ from localspec.sampling import SamplingConfig
 from test_store_cli import localspec
 
 
+@pytest.mark.unit
 def test_session_workloads_are_several_turns_from_held_out_data():
     chats = workloads.chat_sessions(3)
     assert len(chats) == 3 and all(p.kind == "session" and len(p.turns) >= 2 for p in chats)
@@ -67,6 +69,7 @@ def test_warm_answers_are_generated_once_and_cached(small_path, tmp_path):
         engine.close()
 
 
+@pytest.mark.unit
 def test_ngram_cache_file_is_what_llama_cpp_reads(tmp_path):
     path = tmp_path / "lcd.bin"
     write_ngram_cache([[1, 2, 3], [1, 2, 4]], path)
@@ -83,6 +86,7 @@ def test_ngram_cache_file_is_what_llama_cpp_reads(tmp_path):
     assert len(entries) == len(expected)
 
 
+@pytest.mark.unit
 def test_speedup_interval_covers_the_ratio_and_narrows_with_agreement():
     plain = Config("plain", "none", runs=[Run(n_timed=100, seconds=10.0) for _ in range(8)])
     steady = Config("x", "x", runs=[Run(n_timed=100, seconds=5.0) for _ in range(8)])
@@ -127,6 +131,7 @@ def test_bench_plans_and_prices_on_another_machines_curve(small_path, tmp_path):
     assert "projected: every forward priced on the curve in" in r.stdout and "the drafters' forwards on" in r.stdout
 
 
+@pytest.mark.unit
 def test_the_benchs_auto_is_a_users_auto():
     """With auto among the bench's drafters, the bench's engine defaults to it, so it decides
     whether the target returns hidden states as a user's auto engine does (the Jakiro drafter

@@ -2,6 +2,7 @@
 the iteration), then `auto` on a real model: output identical to plain decoding."""
 
 import numpy as np
+import pytest
 
 from localspec.control.cascade import PLAIN, Cascade, CascadeConfig
 from localspec.control.controllers import CascadeController
@@ -50,6 +51,7 @@ def set_phases(cascade: Cascade) -> list[tuple[tuple, int]]:
     return [tuple(v) for v in spans.values()]
 
 
+@pytest.mark.unit
 def test_finds_the_best_drafter_and_k():
     lookup, draft = peaked(6, 2.0), peaked(2, 1.4)
     cascade = Cascade(["lookup", "draft"], predict_k=lambda d: 1)
@@ -58,6 +60,7 @@ def test_finds_the_best_drafter_and_k():
     assert late.count(("lookup", 6)) / len(late) > 0.9
 
 
+@pytest.mark.unit
 def test_switches_off_below_one_and_backs_off():
     cascade = Cascade(["lookup", "draft"], predict_k=lambda d: 4)
     arms = simulate(cascade, lambda arm, i: 0.6, 1000)
@@ -72,6 +75,7 @@ def test_switches_off_below_one_and_backs_off():
     assert lengths == sorted(lengths) and sorted(set(lengths))[:3] == [32, 64, 128]
 
 
+@pytest.mark.unit
 def test_switches_back_on_when_utility_rises():
     cascade = Cascade(["lookup"], predict_k=lambda d: 2)
     arms = simulate(cascade, lambda arm, i: 0.5 if i < 300 else peaked(4, 1.8)(arm[1]), 1500)
@@ -79,6 +83,7 @@ def test_switches_back_on_when_utility_rises():
     assert sum(a == ("lookup", 4) for a in arms[-300:]) > 250
 
 
+@pytest.mark.unit
 def test_each_drafter_backs_off_on_its_own():
     """A drafter that never pays is tried less and less while a good one keeps running."""
     cascade = Cascade(["good", "bad"], predict_k=lambda d: 2)
@@ -88,6 +93,7 @@ def test_each_drafter_backs_off_on_its_own():
     assert sum(a[0] == "good" for a in arms) > 800
 
 
+@pytest.mark.unit
 def test_a_near_miss_is_tried_again_next_phase():
     """A trial just below 1 switches speculation off for a set phase but does not sit the
     drafter out: four iterations cannot tell 0.97 from 1.03 (code-edit's first trial)."""
@@ -98,6 +104,7 @@ def test_a_near_miss_is_tried_again_next_phase():
     assert set_phases(cascade)[0][0] == PLAIN and first_set < 60
 
 
+@pytest.mark.unit
 def test_a_watched_drafter_ends_a_plain_set_phase_once_it_would_pay():
     """Prompt lookup drafts for free, so while plain decoding runs its proposals are checked
     against what plain decoding emits; once they would clearly pay, the plain set phase ends
@@ -113,12 +120,14 @@ def test_a_watched_drafter_ends_a_plain_set_phase_once_it_would_pay():
     assert first_lookup_set_after(40, ()) > 40 + 32  # unwatched, the back-off runs its course
 
 
+@pytest.mark.unit
 def test_watching_a_drafter_that_never_pays_changes_nothing():
     cascade = Cascade(["lookup", "draft"], predict_k=lambda d: 4)
     arms = simulate(cascade, lambda arm, i: 0.6, 1000, watched=("lookup",))
     assert sum(a != PLAIN for a in arms) / len(arms) < 0.05
 
 
+@pytest.mark.unit
 def test_a_proposal_is_scored_by_how_far_the_text_went_along_it():
     #        0    1    2    3     tokens; node 3 is a second child of the root
     tree = DraftTree(np.array([5, 6, 7, 8]), np.array([-1, 0, 1, -1]), np.ones(4))
@@ -131,6 +140,7 @@ def test_a_proposal_is_scored_by_how_far_the_text_went_along_it():
     assert DraftTree.empty().walk([1]) == (0, True)
 
 
+@pytest.mark.unit
 def test_a_drafter_predicted_not_to_pay_is_explored_within_a_share_of_the_time():
     """A drafter for which the cost curve predicts no paying K (predict_k = 0) loses without
     trials until its back-off is long; then it is explored, but only while what its trials
@@ -153,6 +163,7 @@ def test_a_drafter_predicted_not_to_pay_is_explored_within_a_share_of_the_time()
     assert cheap > 2 * len(starts)
 
 
+@pytest.mark.unit
 def test_starts_from_the_predicted_k():
     cascade = Cascade(["lookup"], predict_k=lambda d: 9)
     simulate(cascade, lambda arm, i: 1.2, CascadeConfig().base_len)
@@ -172,6 +183,7 @@ class Copying(LookupDrafter):
         return DraftTree(np.arange(n), np.arange(-1, n - 1), reach)
 
 
+@pytest.mark.unit
 def test_a_sure_proposal_of_a_free_drafter_runs_outside_cascades_phases():
     from localspec.llama.cost import CostCurve
     curve = CostCurve([0.1 * (1 + 0.3 * n) for n in range(64)], 0)  # a CPU's shape

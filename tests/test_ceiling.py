@@ -5,9 +5,12 @@ import itertools
 
 import numpy as np
 from hypothesis import given, settings
+import pytest
 from hypothesis import strategies as st
 
 from localspec.bench.ceiling import Corpus, copyable, fastest_plan, model_drafter_ceiling
+
+pytestmark = pytest.mark.unit  # no model on disk
 
 
 def test_an_answer_stored_verbatim_is_copyable_to_its_end():

@@ -176,6 +176,7 @@ def test_stream_decoder_never_splits_a_character(small_model):
                for t in tokens), "the text should contain a token that splits a character"
 
 
+@pytest.mark.unit
 def test_utf8_prefix():
     e = "é".encode()
     assert complete_utf8_prefix(b"ab" + e[:1]) == 2
@@ -305,6 +306,7 @@ def test_a_coarse_curve_from_a_busy_moment_stays_positive_and_a_broken_cached_on
         assert json.loads(path.read_text())["seconds"] == curve.seconds
 
 
+@pytest.mark.unit
 def test_cost_curve_at_another_context():
     from localspec.drafters.base import Budget
     from localspec.verify import DraftTree
@@ -325,6 +327,7 @@ def test_cost_curve_at_another_context():
     assert len(budget.at(20000).size(chain)) < 3
 
 
+@pytest.mark.unit
 def test_a_live_curve_learns_what_forwards_cost():
     """A curve measured while the cores were busy (one token 40 ms, a batch of 2 1.4 of
     them), then forwards that cost 33 and 59 ms: the live curve follows the forwards, slowly
@@ -356,6 +359,7 @@ def test_a_live_curve_learns_what_forwards_cost():
     assert fresh.at(256).cost(2) < 1.07 * measured.cost(2)
 
 
+@pytest.mark.unit
 def test_padded_shapes_price_a_forward_after_another_shape_and_stay_where_that_costs_less():
     """On a GPU a batch whose shape differs from the last forward's runs without the graph the
     last one reused (H200, a 30B-A3B MoE: one row 3.5 ms after one row, 9.4 after 16 rows; 16
@@ -376,25 +380,25 @@ def test_padded_shapes_price_a_forward_after_another_shape_and_stay_where_that_c
         live.pad_with(shapes)
 
         def forward(n: int, speculating: bool = True) -> None:
-            shape = live.pad_to(n) if speculating else live.shape(n)
+            shape = live.pad_to(n, 256) if speculating else live.shape(n)
             live.observe(shape, 256, (same if shape == live.last_shape else after_another)[shape])
         return live, forward
 
     moe, forward = machine({1: 0.0035, 16: 0.0129}, {1: 0.0094, 16: 0.0179})
-    assert moe.at(256).cost(16) == 0.0129 and moe.pad_to(3) == 4  # nothing seen: the base
+    assert moe.at(256).cost(16) == 0.0129 and moe.pad_to(3, 256) == 4  # nothing seen: the base
     for _ in range(60):  # 16-row steps and a no-draft step in every third, padded once it pays
         for n in (1, 16, 16):
             forward(n)
     assert moe.last_shape == 16
     after_16 = moe.at(256)
     # A no-draft step costs 9.4 ms and the next 16 rows 5 ms more: it stays in 16 rows.
-    assert moe.pad_to(1) == 16 and after_16.cost(1) == after_16.cost(16) == pytest.approx(0.0129, rel=0.05)
+    assert moe.pad_to(1, 256) == 16 and after_16.cost(1) == after_16.cost(16) == pytest.approx(0.0129, rel=0.05)
     for _ in range(60):  # plain steps (no drafter chose) after plain steps
         forward(1, speculating=False)
     after_1 = moe.at(256)
     assert moe.last_shape == 1 and after_1.cost(1) == pytest.approx(0.0035, rel=0.05)
     assert after_1.cost(16) == pytest.approx(0.0179, rel=0.05)  # 16 rows after one row
-    assert moe.pad_to(1) == 1 and moe.pad_to(5) == 8  # in a plain run, a no-draft step stays too
+    assert moe.pad_to(1, 256) == 1 and moe.pad_to(5, 256) == 8  # in a plain run, a no-draft step stays too
     # A chain of 4 with reach 0.6 each: 3.4 tokens for 17.9 ms after a plain step does not
     # pay; for 12.9 ms in a run of 16-row steps it does.
     chain = DraftTree(np.arange(4), np.array([-1, 0, 1, 2]), np.full(4, 0.6))
@@ -407,12 +411,12 @@ def test_padded_shapes_price_a_forward_after_another_shape_and_stay_where_that_c
     for _ in range(60):
         for n in (1, 16, 16):
             forward(n)
-    assert dense.pad_to(1) == 1 and dense.at(256).cost(1) == pytest.approx(0.0048 + 0.0020, rel=0.1)
+    assert dense.pad_to(1, 256) == 1 and dense.at(256).cost(1) == pytest.approx(0.0048 + 0.0020, rel=0.1)
     # Without padded shapes (a CPU) one correction per size, as before.
     plain = LiveCurve(base)
     for n, seconds in ((1, 0.0094), (16, 0.0179)) * 60:  # every forward after another size
         plain.observe(n, 256, seconds)
-    assert plain.last_shape == 0 and plain.pad_to(1) == 1
+    assert plain.last_shape == 0 and plain.pad_to(1, 256) == 1
     assert plain.at(256).cost(1) == pytest.approx(0.0094, rel=0.1)
 
 
@@ -431,6 +435,7 @@ def test_layers_that_fit_a_gpu(qwen_path, monkeypatch):
         assert n == expect if isinstance(expect, int) else n in expect, (free, n)
 
 
+@pytest.mark.unit
 def test_a_curve_from_another_machine_as_json_or_as_the_printed_table(tmp_path):
     """`--curve FILE` takes the JSON `localspec cost` caches or the table it prints; anything
     else is one line."""
@@ -502,7 +507,7 @@ def test_a_new_model_starts_on_a_quick_curve_and_measures_the_whole_one_between_
         engine.close()
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "again"))
     engine = Engine(config)
-    engine.curve
-    time.sleep(3)  # measuring
-    engine.close()  # closes mid-measurement: the measuring thread ends with it
-    assert not engine.planning._refiner.is_alive()
+    assert engine.curve.base.coarse and engine.planning.refining.wait(60)
+    engine.close()  # closes mid-measurement: the measuring thread ends with it, the curve not kept
+    assert not engine.planning._refiner.is_alive() and engine.curve.base.coarse
+    assert json.loads(cache_path(engine.ctx).read_text())["coarse"]

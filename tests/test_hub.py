@@ -116,6 +116,7 @@ def test_a_split_gguf_is_pulled_whole(hub_home, capsys):
     assert found.hub_cached("hf:acme/big-GGUF") == path
 
 
+@pytest.mark.unit
 def test_hub_names_parse():
     assert found.parse_hub("hf:a/b") == ("a/b", None, None)
     assert found.parse_hub("hf:a/b:Q8_0") == ("a/b", "Q8_0", None)

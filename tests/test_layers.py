@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit  # no model on disk
+
 ROOT = Path(__file__).parents[1]
 LAYERS = [  # bottom first
     ("localspec.errors", "localspec.paths", "localspec._native", "localspec.progress",

@@ -56,6 +56,7 @@ def qwen(qwen_path):
     engine.close()
 
 
+@pytest.mark.unit
 def test_every_kind_of_drafter_registers_its_factory():
     """What the engine builds a drafter with: one factory per kind a spec may name (auto and
     none build none: a controller, plain decoding)."""

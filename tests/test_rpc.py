@@ -106,6 +106,7 @@ def test_unreachable_server_is_one_line(small_path):
     assert out.stderr.strip().splitlines()[-1].startswith("localspec: error: cannot reach an rpc-server")
 
 
+@pytest.mark.unit
 def test_silent_or_foreign_servers_are_one_line():
     """A port that accepts and never answers times out; one that answers something else is
     not taken for an rpc-server."""
@@ -157,6 +158,7 @@ def test_rpc_server_port_in_use_is_one_line(capsys):
     assert "cannot listen on 127.0.0.1:" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_endpoints_parse():
     assert rpc.parse("10.0.0.2:50052, box") == ("10.0.0.2:50052", "box:50052")
     with pytest.raises(LocalspecError, match="not HOST:PORT"):

@@ -9,6 +9,8 @@ from localspec import _native
 from localspec.errors import LocalspecError
 from localspec.sampling import SamplingConfig, TokenSampler
 
+pytestmark = pytest.mark.unit  # no model on disk
+
 
 def reference(logits, cfg: SamplingConfig, history=()):
     """llama.cpp's default chain, written plainly: penalties, top-k, top-p, min-p, temperature."""

@@ -194,7 +194,7 @@ def test_padded_batches_change_nothing_but_their_shape(small_model, reference):
     for on_device, prompts in ((False, PROMPTS[1:6:3]), (True, PROMPTS[2:7:3])):
         config = ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, sample_on_device=on_device, shapes=(1, 4, 16))
         with Context(small_model, config) as ctx:
-            ctx.pad_rule = (lambda n: max(n, 16)) if on_device else None
+            ctx.pad_rule = (lambda n, n_context: max(n, 16)) if on_device else None
             prompt = small_model.tokenize(prompts[0])
             ctx.prefill(prompt)
             ctx.launch(prompt[-1:], np.array([1, 2], np.int32), np.array([-1, 0], np.int32))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 from hypothesis import given, settings
+import pytest
 from hypothesis import strategies as st
 
 from localspec import _native
@@ -69,6 +70,7 @@ def test_draft_is_the_suffix_tree_of_earlier_documents(docs, context, min_share,
     assert all(counts[i] <= counts[parents[i]] for i in range(len(tokens)) if parents[i] >= 0)
 
 
+@pytest.mark.unit
 def test_store_drafts_learn_from_proposals_nobody_verified():
     """A fresh drafter's store drafts (acceptance at the prior, at most 0.7) never pay on a
     curve where a batch of two costs 1.8 forwards, so none is verified; the proposals it made
@@ -95,6 +97,7 @@ def test_store_drafts_learn_from_proposals_nobody_verified():
     assert drafter.acceptance.buckets[24].value > 0.9
 
 
+@pytest.mark.unit
 def test_eviction_rollback_and_snapshot_round_trip():
     s = _native.SuffixStore()
     for d in ([1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 6]):

@@ -10,6 +10,7 @@ from localspec.engine import Engine, EngineConfig
 from localspec.errors import LocalspecError
 
 
+@pytest.mark.unit
 def test_rates_as_llama_cpp_resolves_them():
     """len=L over k positions: one geometric rate whose mean accepted length is L (the target's
     own token included); given rates must lie in [0, 1] and never increase."""

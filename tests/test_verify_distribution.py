@@ -8,6 +8,8 @@ from scipy import stats
 from localspec import _native
 from localspec.sampling import SamplingConfig
 
+pytestmark = pytest.mark.unit  # no model on disk
+
 V = 12
 N_TRIALS = 400_000
 EMPTY_I, EMPTY_F = np.zeros(0, np.int32), np.zeros(0, np.float32)

@@ -26,6 +26,12 @@ def default_threads() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def padded_shape(shapes: Sequence[int], n: int) -> int:
+    """The shape a batch of n rows is padded to: the smallest of `shapes` (sorted) that holds
+    it, n itself beyond the largest."""
+    return next((s for s in shapes if s >= n), n)
+
+
 @dataclass(frozen=True)
 class ContextConfig:
     n_ctx: int = 4096          # tokens of KV cache shared by all sequences (unified)
@@ -91,9 +97,10 @@ class Context:
         self._device: _native.SamplerOnDevice | None = None  # see sample_on_device
         self._device_top_k = 0  # what it runs: 0 the argmax, k a top-k
         self.shapes = sorted(config.shapes)  # the engine may narrow them to its cost curve's
-        # n -> the shape a batch of n runs in, where the engine's curve says staying in the last
-        # forward's costs less than leaving it (LiveCurve.pad_to); None: the next shape up.
-        self.pad_rule: Callable[[int], int] | None = None
+        # (n, context length) -> the shape a batch of n runs in, where the engine's curve says
+        # staying in the last forward's costs less than leaving it (LiveCurve.pad_to); None:
+        # the next shape up.
+        self.pad_rule: Callable[[int, int], int] | None = None
         self.shape = 0  # the last launched batch's rows, padding included
         self._pad_seq = config.n_seq_max if config.shapes else -1
         # The sequences every token the context holds sits in (see context_in_every_sequence).
@@ -164,7 +171,7 @@ class Context:
         pending = np.asarray(pending, np.int32)
         pad_to = n
         if self.shapes:
-            pad_to = self.pad_rule(n) if stay and self.pad_rule else next((s for s in self.shapes if s >= n), n)
+            pad_to = self.pad_rule(n, len(self.tokens)) if stay and self.pad_rule else padded_shape(self.shapes, n)
             if pad_to > self.config.n_batch or len(self.tokens) + pad_to > self.n_ctx:
                 pad_to = n
         batch, status = _native.launch(self.ptr, len(self.tokens), pending, tokens, parents, all_pending_rows,

@@ -26,7 +26,7 @@ import numpy as np
 
 from localspec import _native
 from localspec.errors import LocalspecError
-from localspec.llama.context import Context
+from localspec.llama.context import Context, padded_shape
 from localspec.paths import cache_dir
 from localspec.progress import Progress
 
@@ -141,7 +141,7 @@ class LiveCurve:
         self._factors: np.ndarray | None = np.ones(size)
         self._applied = np.full(size, np.nan)  # the corrections the factors hold
         self._base: dict[int, np.ndarray] = {}  # base.seconds_at() by stretch of context
-        self._at: dict[tuple[int, int], CostCurve] = {}  # at() by stretch of context and last shape
+        self._at: dict[tuple[int, int], tuple[CostCurve, np.ndarray]] = {}  # _plan() by stretch of context and last shape
         self._stray = np.zeros((2, len(base.seconds)))  # per size: forwards, sum of log(seen / base)
         self.last_shape = 0  # the shape the last forward ran in (0: none, or no shapes)
 
@@ -160,7 +160,7 @@ class LiveCurve:
 
     def shape(self, n: int) -> int:
         """The shape a batch of n tokens is padded to (n itself beyond the largest)."""
-        return next((s for s in self.shapes if s >= n), n)
+        return padded_shape(self.shapes, n)
 
     def observe(self, n: int, n_context: int, seconds: float) -> None:
         """A forward of a batch of n rows (padding included) after n_context tokens took
@@ -173,10 +173,7 @@ class LiveCurve:
         # One forward may be an outlier (the first of a new batch shape allocates its graph; the
         # machine hiccups): it moves the mean by at most `step` in log, so one slow batch cannot
         # price its size out of the drafts that would measure it again.
-        key = n_context // CONTEXT_STEP
-        if key not in self._base:
-            self._base[key] = self.base.seconds_at(n_context)
-        lr, r = float(self.log_ratio[kind, i]), math.log(seconds / float(self._base[key][i]))
+        lr, r = float(self.log_ratio[kind, i]), math.log(seconds / float(self._base_at(n_context)[i]))
         self._stray[0, i] += 1
         self._stray[1, i] += min(max(r, -3.0), 3.0)  # a hiccup of 20x counts as 20x
         r = min(max(r, lr - self.step), lr + self.step)
@@ -186,6 +183,12 @@ class LiveCurve:
         if not abs(lr * count / (count + self.shrink) - self._applied[kind, i]) <= TOLERANCE:  # NaN: new
             self._factors = None
             self._at.clear()
+
+    def _base_at(self, n_context: int) -> np.ndarray:
+        key = n_context // CONTEXT_STEP
+        if key not in self._base:
+            self._base[key] = self.base.seconds_at(n_context)
+        return self._base[key]
 
     def factors(self) -> np.ndarray:
         """Per kind of forward (SAME, AFTER_ANOTHER) and batch size, what the measured curve's
@@ -204,13 +207,15 @@ class LiveCurve:
             self._factors = factors
         return self._factors
 
-    def pad_to(self, n: int) -> int:
-        """The shape a speculating step's batch of n tokens is best run in after the last
-        forward: its own, or the last forward's where that is larger and staying costs less
-        than leaving (a plain step's is its own: Context.launch)."""
+    def pad_to(self, n: int, n_context: int) -> int:
+        """The shape a speculating step's batch of n tokens after n_context tokens is best run
+        in after the last forward: its own, or the last forward's where that is larger and
+        staying costs less than leaving (a plain step's is its own: Context.launch). Decided
+        on the same prices at() plans with."""
         own = self.shape(n)
-        return self.last_shape if own < self.last_shape <= len(self.base.seconds) and self._choices(
-            self.base.seconds_at(self.base.n_context))[2][own - 1] else own
+        if own < self.last_shape <= len(self.base.seconds) and self._plan(n_context)[1][own - 1]:
+            return self.last_shape
+        return own
 
     def _choices(self, base: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For each batch size n (1..): the seconds of running it in its own shape, of staying
@@ -237,14 +242,20 @@ class LiveCurve:
         return int(n.sum()), round(math.exp(total.sum() / n.sum()), 3), by_batch
 
     def at(self, n_context: int) -> CostCurve:
+        return self._plan(n_context)[0]
+
+    def _plan(self, n_context: int) -> tuple[CostCurve, np.ndarray]:
+        """The curve at n_context after the last forward's shape, and per batch size whether
+        it stays in that shape; kept per stretch of context and last shape."""
         key = (n_context // CONTEXT_STEP, self.last_shape)
-        curve = self._at.get(key)
-        if curve is None:
-            leave, stay, _ = self._choices(self.base.seconds_at(n_context))
+        plan = self._at.get(key)
+        if plan is None:
+            leave, stay, stays = self._choices(self._base_at(n_context))
             seconds = np.minimum(leave, stay)
-            curve = self._at[key] = replace(self.base, seconds=np.minimum.accumulate(seconds[::-1])[::-1].tolist(),
-                                            n_context=n_context)
-        return curve
+            curve = replace(self.base, seconds=np.minimum.accumulate(seconds[::-1])[::-1].tolist(),
+                            n_context=n_context)
+            plan = self._at[key] = (curve, stays)
+        return plan
 
     @property
     def seconds(self) -> list[float]:

@@ -37,6 +37,7 @@ class Planning:
         self._curve: CostCurve | LiveCurve | None = None
         self._closing = threading.Event()
         self._refiner: threading.Thread | None = None
+        self.refining = threading.Event()  # set once the whole curve's measurement has begun
 
     @property
     def curve(self) -> CostCurve | LiveCurve:
@@ -86,6 +87,7 @@ class Planning:
             with self._turn():
                 config = self.ctx.config
                 ctx = Context(self.ctx.model, replace(config, n_ctx=min(config.n_ctx, LONG_CONTEXT + MAX_BATCH)))
+            self.refining.set()
             try:
                 curve = measure(ctx, turn=self._turn)
             finally:
