@@ -46,18 +46,20 @@ def session_requests(p, n_predict: int) -> tuple[dict, dict, callable]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--sessions", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--n-predict", type=int, default=64)
     ap.add_argument("--json")
+    ap.add_argument("--llama-server", default=str(TOOLS / "llama-server"),
+                    help="llama-server binary (scripts/build-llama-tools.sh builds it)")
     a = ap.parse_args()
     model = str(store.resolve(a.model))
     ours = [sys.executable, "-m", "localspec.cli", "serve", "-m", model, "--threads", str(a.threads),
             "--ctx", str(a.ctx)]
-    theirs = [str(TOOLS / "llama-server"), "-m", model, "-t", str(a.threads), "-c", str(a.ctx), "-np", "1",
+    theirs = [a.llama_server, "-m", model, "-t", str(a.threads), "-c", str(a.ctx), "-np", "1",
               "-fa", "on", "--no-webui", "--host", "127.0.0.1",
               # its infill prompt keeps room for 2 × -n tokens of answer, as localspec serve's
               # does for 128 (ServeConfig.infill_predict): the same tokens for both

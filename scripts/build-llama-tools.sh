@@ -4,6 +4,8 @@
 # Not a runtime dependency. Usage: scripts/build-llama-tools.sh [OUT_DIR] (default: build/llama-tools)
 # Extra CMake flags come from CMAKE_ARGS, as for llama-cpp-python (e.g. -DGGML_CUDA=on).
 set -euo pipefail
+case "${1:-}" in -h|--help)  # usage: the comment block above
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0;; esac
 cd "$(dirname "$0")/.."
 OUT=${1:-build/llama-tools}
 VERSION=0.3.36

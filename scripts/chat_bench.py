@@ -81,7 +81,7 @@ async def ask(pilot, text: str) -> tuple[float, float, dict]:
     return app.first - app.sent, wall, stats
 
 
-async def main() -> None:
+async def run(a) -> None:
     home = Path(tempfile.mkdtemp())
     cfg = ChatConfig(EngineConfig(model=a.model, threads=a.threads, drafter=DrafterSpec.parse(a.drafter)),
                      db=home / "chats.db", max_tokens=a.max_tokens)
@@ -116,7 +116,11 @@ async def main() -> None:
             f"(one conversation; the context keeps its newest turns)")
 
 
-ap = options(__doc__)
-ap.add_argument("--turns", type=int, default=50)
-a = ap.parse_args()
-asyncio.run(main())
+def main() -> None:
+    ap = options(__doc__)
+    ap.add_argument("--turns", type=int, default=50)
+    asyncio.run(run(ap.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

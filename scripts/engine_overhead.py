@@ -95,7 +95,7 @@ def server_clock(path: str, a: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default=store.DEFAULT_MODEL)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)

@@ -12,6 +12,8 @@
 #   run(command="bash scripts/gpu-check.sh", carry=[".gpu"], timeout_s=590)
 # QUICK=1: the 7B alone (no MoE, no shapes-off run), for a second call in a short budget.
 set -u
+case "${1:-}" in -h|--help)  # usage: the comment block above
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0;; esac
 S=$(date +%s); el() { echo "[$(( $(date +%s) - S ))s] $*"; }
 G=$PWD/.gpu; O=${OUT:-/tmp/out}; mkdir -p $O
 V=/tmp/v/bin; export LOCALSPEC_HOME=/tmp/lshome PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1

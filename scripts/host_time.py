@@ -20,16 +20,6 @@ from localspec.drafters.spec import DrafterSpec
 from localspec.engine import Engine, EngineConfig, Request
 from localspec.sampling import SamplingConfig
 
-p = argparse.ArgumentParser()
-p.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct")
-p.add_argument("--threads", type=int, default=2)
-p.add_argument("--workload", default="code-edit")
-p.add_argument("--limit", type=int, default=3)
-p.add_argument("--max-tokens", type=int, default=256)
-p.add_argument("--argmax", choices=["host", "device"], default=None, help="where greedy rows' argmax runs")
-p.add_argument("drafters", nargs="*", default=["none", "lookup", "suffix"])
-a = p.parse_args()
-
 in_decode = [0.0]
 decode = _native.decode
 
@@ -42,31 +32,46 @@ def timed_decode(*args):
         in_decode[0] += time.perf_counter() - t0
 
 
-_native.decode = timed_decode
-extra = {} if a.argmax is None else {"sample_on_device": a.argmax == "device"}
-engine = Engine(EngineConfig(model=a.model, threads=a.threads, store=":memory:", **extra))
-engine.curve
-prompts = [prompt_tokens(engine, p) for p in workloads.load(a.workload, a.limit)]
-for label in a.drafters:
-    spec = DrafterSpec.parse(label)
-    host: dict[int, list[float]] = {}
-    for tokens in prompts:
-        engine.ctx.clear()
-        last = None
-        request = Request(prompt=tokens, max_tokens=a.max_tokens, drafter=spec, sampling=SamplingConfig())
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--workload", default="code-edit")
+    p.add_argument("--limit", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--argmax", choices=["host", "device"], default=None, help="where greedy rows' argmax runs")
+    p.add_argument("drafters", nargs="*", default=["none", "lookup", "suffix"])
+    a = p.parse_args()
 
-        def seen(it) -> None:
-            global last
-            now = time.perf_counter()
-            if it.arm != "prompt" and last is not None:
-                if hasattr(it, "host_seconds"):  # the loop's own account (its iterations run end to end)
-                    host.setdefault(1 + it.n_drafted, []).append(it.host_seconds)
-                else:
-                    host.setdefault(1 + it.n_drafted, []).append(now - last - in_decode[0])
-            in_decode[0] = 0.0
-            last = now
-        for _ in engine.generate(request, on_iteration=seen):
-            pass
-    every = [x for v in host.values() for x in v]
-    print(f"{label}: host ms per iteration, median {1e3 * statistics.median(every):.3f} over {len(every)}; "
-          f"by batch: " + " ".join(f"{b}:{1e3 * statistics.median(v):.2f}" for b, v in sorted(host.items())[:10]))
+    _native.decode = timed_decode
+    extra = {} if a.argmax is None else {"sample_on_device": a.argmax == "device"}
+    engine = Engine(EngineConfig(model=a.model, threads=a.threads, store=":memory:", **extra))
+    engine.curve
+    prompts = [prompt_tokens(engine, p) for p in workloads.load(a.workload, a.limit)]
+    for label in a.drafters:
+        spec = DrafterSpec.parse(label)
+        host: dict[int, list[float]] = {}
+        for tokens in prompts:
+            engine.ctx.clear()
+            last = None
+            request = Request(prompt=tokens, max_tokens=a.max_tokens, drafter=spec, sampling=SamplingConfig())
+
+            def seen(it) -> None:
+                nonlocal last
+                now = time.perf_counter()
+                if it.arm != "prompt" and last is not None:
+                    if hasattr(it, "host_seconds"):  # the loop's own account (its iterations run end to end)
+                        host.setdefault(1 + it.n_drafted, []).append(it.host_seconds)
+                    else:
+                        host.setdefault(1 + it.n_drafted, []).append(now - last - in_decode[0])
+                in_decode[0] = 0.0
+                last = now
+            for _ in engine.generate(request, on_iteration=seen):
+                pass
+        every = [x for v in host.values() for x in v]
+        print(f"{label}: host ms per iteration, median {1e3 * statistics.median(every):.3f} over {len(every)}; "
+              f"by batch: " + " ".join(f"{b}:{1e3 * statistics.median(v):.2f}" for b, v in sorted(host.items())[:10]))
+
+
+if __name__ == "__main__":
+    main()

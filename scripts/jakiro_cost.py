@@ -57,7 +57,7 @@ def timed(fn, repeats: int = 15) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", choices=["layer", "head", "tree"], help="one part only")

@@ -1,6 +1,10 @@
-"""What the surface benchmarks share (scripts/chat_bench.py, serve_bench.py,
-bench_fim_server.py): their options, the command they are measured against, and starting a
-server on a free loopback port."""
+"""What the surface benchmarks share (scripts/chat_bench.py, bench_fim_server.py,
+engine_overhead.py): their options, the command they are measured against, and starting a
+server on a free loopback port. Run alone, it prints that command's figure: tokens/s of
+`localspec generate --chat` for the shared prompt, `--rounds` times.
+
+    .venv/bin/python scripts/measure.py -m qwen2.5-coder-1.5b-instruct --threads 2 --rounds 3
+"""
 
 import argparse
 import re
@@ -15,7 +19,7 @@ PROMPT = "Write a Python function that parses a date in the format YYYY-MM-DD an
 
 
 def options(doc: str) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=doc)
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--drafter", default="auto")
@@ -51,3 +55,13 @@ def start_server(name: str, cmd: list[str]) -> tuple[subprocess.Popen, str]:
         time.sleep(0.5)
     proc.terminate()
     raise SystemExit(f"{name} did not come up")
+
+
+def main() -> None:
+    a = options(__doc__).parse_args()
+    for r in range(a.rounds):
+        print(f"round {r + 1}: localspec generate --chat {generate_tokens_per_second(a):.2f} tokens/s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
