@@ -32,7 +32,7 @@ from localspec.llama.planning import Planning
 from localspec.llama.slots import Slots
 from localspec.llama.text import TextStream, chat_tokens
 from localspec.loop import Controller, Iteration, RunOptions, Stats, run
-from localspec.progress import Progress
+from localspec.progress import Notice, Progress, notice_on_stderr
 from localspec.sampling import SamplingConfig
 
 
@@ -180,9 +180,10 @@ def load_model(cfg: EngineConfig, progress: Progress, loads: collections.Counter
 
 class Engine:
     def __init__(self, cfg: EngineConfig = EngineConfig(), progress: Progress | None = None,
-                 log: LogHandler | None = None):
+                 log: LogHandler | None = None, notice: Notice = notice_on_stderr):
         """`progress` hears about loading and measuring; `log` receives llama.cpp's log
-        (process-wide: the last engine made sets it)."""
+        (process-wide: the last engine made sets it); `notice` what the user should know
+        that nothing waits on (a store left alone, the draft model auto found)."""
         if log is not None:
             set_log_handler(log)
         self.cfg = cfg
@@ -207,7 +208,8 @@ class Engine:
                                embeddings=features, sample_on_device=cfg.sample_on_device, shapes=shapes)
         self.slots = Slots(self.model, config, cfg.slots)
         self.ctx = self.slots.contexts[0]  # the slot the last request ran in
-        self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, load, self.loads, ledger)
+        self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, load, self.loads, ledger,
+                                 notice)
         self.planning = Planning(self.ctx, self.progress, cfg.curve, cfg.flat_cost, cfg.whole_curve,
                                  cfg.refine_curve, cfg.strict)
         self._cascades: dict[DrafterSpec, Controller] = {}  # auto's keep what they learnt

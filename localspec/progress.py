@@ -15,6 +15,13 @@ LOG_INTERVAL = 60.0  # seconds between progress lines when stderr is a file
 # How long work reports how far it got: (what, done, total). The CLI draws it as bars on
 # stderr (StderrProgress); the chat app in its own screen.
 Progress = Callable[[str, float, float], None]
+# What a user should know and nothing waits on (a store left alone, a drafter found): one line,
+# on stderr from the command line, a notification in the chat app.
+Notice = Callable[[str], None]
+
+
+def notice_on_stderr(text: str) -> None:
+    print(f"localspec: {text}", file=sys.stderr)
 
 
 @contextlib.contextmanager

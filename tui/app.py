@@ -58,6 +58,14 @@ class Progress(TextualMessage):
         self.what, self.done, self.total = what, done, total
 
 
+class Notice(TextualMessage):
+    """A line the engine says that nothing waits on (a store left alone, a drafter found)."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+
 class Loaded(TextualMessage):
     def __init__(self, engine: Engine | None, error: str | None = None):
         super().__init__()
@@ -190,7 +198,8 @@ class ChatApp(App):
             if pull:
                 model_pull.resolve(model, progress=progress)
             engine = Engine(replace(self.cfg.engine, model=model), progress=progress,
-                            log=lambda level, text: self._log.write(text))
+                            log=lambda level, text: self._log.write(text),
+                            notice=lambda text: self.post_message(Notice(text)))
             engine.prepare()  # drafters and the cost curve, with their progress shown
             return engine
         self.worker = Worker(load)
@@ -207,6 +216,9 @@ class ChatApp(App):
             self._progress.report(m.what, m.done, m.total)
         elif m.total:
             self.status(f"{m.what} {m.done / m.total:.0%}")
+
+    def on_notice(self, m: Notice) -> None:
+        self.notify(m.text, severity="warning", timeout=10, markup=False)
 
     def on_loaded(self, m: Loaded) -> None:
         self.loading = False

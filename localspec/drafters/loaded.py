@@ -6,7 +6,6 @@ of drafter registers the factory that builds it from its spec (at the end of thi
 from __future__ import annotations
 
 import collections
-import sys
 from pathlib import Path
 from typing import Callable
 
@@ -21,6 +20,7 @@ from localspec.drafters.spec import DrafterSpec, Head
 from localspec.drafters.suffix import StoreSetting, SuffixDrafter, SuffixStore
 from localspec.errors import LocalspecError
 from localspec.llama import Context, Model
+from localspec.progress import Notice, notice_on_stderr
 
 def needs_features(spec: DrafterSpec, asked: bool | None, over_rpc: bool, target: Path) -> bool:
     """Whether the target's context must return its hidden states, which feature drafters
@@ -35,12 +35,14 @@ def needs_features(spec: DrafterSpec, asked: bool | None, over_rpc: bool, target
 
 class Drafters:
     def __init__(self, target: Model, features: bool, n_ctx: int, threads: int, store_setting: StoreSetting,
-                 load: Callable[[Path], Model], loads: collections.Counter[str], ledger: Ledger):
+                 load: Callable[[Path], Model], loads: collections.Counter[str], ledger: Ledger,
+                 notice: Notice = notice_on_stderr):
         """`features`: the target's context returns hidden states (Jakiro reads them);
         `store_setting`: EngineConfig.store; `load` loads a draft model as the engine loads
         models, and `loads` counts every file loaded; `ledger`: where the drafters book their
-        forwards."""
+        forwards; `notice` hears what the user should know."""
         self.model = target
+        self.notice = notice
         self.ledger = ledger
         self.features, self.n_ctx, self.threads = features, n_ctx, threads
         self.store_setting = store_setting
@@ -93,7 +95,7 @@ class Drafters:
                 s.add(tokens)
         except (LocalspecError, OSError) as e:
             self._store_error = str(e)
-            print(f"localspec: not learning answers: {e}", file=sys.stderr)
+            self.notice(f"not learning answers: {e}")
 
     def draft_context(self, path: Path) -> Context:
         """A draft model's context, the model loaded once (and checked against the target)."""
@@ -152,7 +154,7 @@ class Drafters:
                 found = [DrafterSpec("suffix")]
             except (LocalspecError, OSError) as e:
                 self._store_error = str(e)
-                print(f"localspec: drafting without the suffix store: {e}", file=sys.stderr)
+                self.notice(f"drafting without the suffix store: {e}")
         draft = self.draft_model()
         if draft is not None:
             try:
@@ -186,8 +188,7 @@ class Drafters:
                 continue
             if path == default:
                 return DrafterSpec("draft")
-            print(f"localspec: auto drafts with {models[path]} ({path}), which shares the target's tokenizer",
-                  file=sys.stderr)
+            self.notice(f"auto drafts with {models[path]} ({path}), which shares the target's tokenizer")
             return DrafterSpec("draft", model=str(path))
         return None
 
