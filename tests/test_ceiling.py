@@ -4,8 +4,8 @@ plan of verification batches for it, against brute force."""
 import itertools
 
 import numpy as np
-from hypothesis import given, settings
 import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localspec.bench.ceiling import Corpus, copyable, fastest_plan, model_drafter_ceiling

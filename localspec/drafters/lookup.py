@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from localspec import _native
-from localspec.drafters.base import Budget, DecayingRatio, Drafter
+from localspec.drafters.base import Budget, Drafter
 from localspec.sampling import SamplingConfig
-from localspec.verify import DraftTree, Verdict
+from localspec.verify import DraftTree
 
 
 class LookupDrafter(Drafter):
@@ -44,57 +44,99 @@ class LookupDrafter(Drafter):
         self.sync(context)
         return self.acceptance.tree(*self.index.draft(budget.max_nodes, self.max_depth, self.max_occurrences))
 
-    def observe(self, tree: DraftTree, verdict: Verdict) -> None:
-        self.acceptance.observe(tree, verdict)
-
 
 class MatchAcceptance:
-    """Acceptance of drafts of what followed earlier occurrences, by the length of the matched
-    suffix, in buckets (1..8, 12, 16, 24): longer matches are safer bets, but no bucket starts
-    sure of itself. Drafts grow long (up to 63 tokens, 24 forwards' worth here) only on
-    evidence, text being copied, so a wrong guess about what repeats stays cheap.
+    """How likely the text is to follow a draft of what followed earlier occurrences, by the
+    length of the matched suffix (buckets 1..8, 12, 16, 24: longer matches are safer bets) and
+    by depth (bins 1, 2, 3-4, 5-8, 9-16, 17-32, 33-63): per bin, the chance that the text goes
+    on along the draft at that depth once it came that far. Copying is sticky: a text that
+    followed a copy for 8 tokens is likelier to follow it for a 9th than one token after the
+    match, and a single rate per bucket (a geometric chain) cut such drafts short (issue 44:
+    on an MoE curve a fixed 16 tokens reached 2.02x where the sized drafts reached 1.64x).
+    No bin starts sure of itself: drafts grow long only on evidence, so a wrong guess about
+    what repeats stays cheap.
 
-    Every proposal is evidence: a verified one by how far the target accepted it, one left
-    unverified (not worth a forward yet, or another drafter ran) by whether the token that
-    came next was its first. Otherwise a bucket whose prior is too low to draft would never
-    learn that its drafts would have been accepted."""
+    Every proposal is judged whole, as it was drafted before sizing, by the text that came
+    after it (what greedy verification accepts): how deep the text followed it, and whether it
+    then left it. A proposal sized to a few nodes, or not verified at all (another drafter
+    ran, or plain decoding), so still tells how much deeper it would have been accepted;
+    otherwise a bin whose prior is too low to draft would never learn it should. A judgement
+    still open after JUDGE_FOR proposals counts what the text followed so far (a censored run:
+    no rejection)."""
+
+    DEPTH_BINS = (1, 2, 3, 5, 9, 17, 33)  # each bin's first depth
+    JUDGE_FOR = 8
+    WEIGHT, DECAY = 8.0, 0.99  # the prior is worth WEIGHT judged tokens; evidence decays per proposal
 
     def __init__(self, n_min: int = 1, base: float = 0.5, cap: float = 0.9):
-        self.buckets = {n: DecayingRatio(prior=min(cap, base + 0.1 * n), weight=8.0, decay=0.99)
-                        for n in (*range(n_min, 9), 12, 16, 24)}
-        self.last = n_min  # the bucket of the last tree
+        self.match_lengths = (*range(n_min, 9), 12, 16, 24)
+        prior = np.minimum(cap, base + 0.1 * np.asarray(self.match_lengths, float))
+        self.prior = np.repeat(prior[:, None], len(self.DEPTH_BINS), axis=1)  # [bucket, depth bin]
+        self.followed = np.zeros_like(self.prior)  # tokens the text followed, decayed
+        self.reached = np.zeros_like(self.prior)   # tokens it followed or left there, decayed
+        self.bin_of = np.searchsorted(self.DEPTH_BINS, np.arange(1, 65), side="right") - 1  # depth - 1 -> bin
         self._context: tuple[int, tuple[int, ...]] = (0, ())  # its length and last tokens
-        # The last proposal while not verified: where it starts, the tree, its bucket.
-        self._unverified: tuple[int, tuple[int, ...], DraftTree, int] | None = None
+        # Proposals the text has not yet judged: [start, tail before it, bucket, children by
+        # (parent, token), nodes with children, node reached, depth reached, proposals waited].
+        self._open: list[list] = []
+
+    def rates(self) -> np.ndarray:
+        """[bucket, depth bin]: the chance the text follows a draft at that depth once it came
+        that far."""
+        return (self.followed + self.WEIGHT * self.prior) / (self.reached + self.WEIGHT)
+
+    def rate(self, match_length: int, depth: int) -> float:
+        return float(self.rates()[self._bucket(match_length), self.bin_of[min(depth, 64) - 1]])
+
+    def _bucket(self, n_match: int) -> int:
+        return max(i for i, n in enumerate(self.match_lengths) if n <= max(n_match, self.match_lengths[0]))
 
     def start(self, context: list[int]) -> None:
-        """A proposal for `context` begins: evidence decays, and the last one, if it was not
-        verified, is judged by the token that followed its root."""
-        for ratio in self.buckets.values():
-            ratio.tick()
-        if self._unverified is not None:
-            at, tail, tree, bucket = self._unverified
-            if len(context) > at and tuple(context[at - len(tail):at]) == tail:
-                self.buckets[bucket].add(tree.walk(context[at:at + 1])[0], 1.0)
-            self._unverified = None
+        """A proposal for `context` begins: evidence decays, and the proposals still open are
+        judged by the tokens that came since."""
+        self.followed *= self.DECAY
+        self.reached *= self.DECAY
+        still_open = []
+        for judgement in self._open:
+            at, tail, bucket, children, inner, node, depth, waited = judgement
+            if len(context) < at or tuple(context[at - len(tail):at]) != tail:
+                continue  # another text (a new request): nothing to judge
+            for token in context[at + depth:]:
+                child = children.get((node, token))
+                if child is None:  # the text left the draft here, or ran past a leaf
+                    self._judge(bucket, depth, left=node in inner)
+                    break
+                node, depth = child, depth + 1
+            else:
+                if node not in inner or waited + 1 >= self.JUDGE_FOR:
+                    self._judge(bucket, depth, left=False)  # a leaf, or as far as it went
+                else:
+                    judgement[5:] = node, depth, waited + 1
+                    still_open.append(judgement)
+        self._open = still_open
         self._context = len(context), tuple(context[-8:])
+
+    def _judge(self, bucket: int, depth: int, left: bool) -> None:
+        """The text followed a draft `depth` tokens deep, then left it (or ran out of it)."""
+        if depth:
+            n = np.bincount(self.bin_of[:depth], minlength=len(self.DEPTH_BINS))
+            self.followed[bucket] += n
+            self.reached[bucket] += n
+        if left and depth < 64:
+            self.reached[bucket, self.bin_of[depth]] += 1.0
 
     def tree(self, tokens: np.ndarray, parents: np.ndarray, counts: np.ndarray, n_match: int,
              n_occurrences: int) -> DraftTree:
         """Reaching a node takes the text going the way that share of the earlier occurrences
-        went, and the target accepting every token on the way there."""
+        went, and the text following the draft at every depth on the way there."""
         if n_occurrences == 0:
             return DraftTree.empty()
-        self.last = max(n for n in self.buckets if n <= n_match)
+        bucket = self._bucket(n_match)
         tree = DraftTree(tokens, parents, np.zeros(len(tokens)))
-        tree.reach = counts / n_occurrences * self.buckets[self.last].value ** tree.depths()
-        self._unverified = (*self._context, tree, self.last)
+        depths = tree.depths()
+        along = np.cumprod(self.rates()[bucket, self.bin_of[:int(depths.max())]])
+        tree.reach = counts / n_occurrences * along[depths - 1]
+        parent_list = parents.tolist()
+        children = {(p, t): i for i, (p, t) in enumerate(zip(parent_list, tokens.tolist()))}
+        self._open.append([*self._context, bucket, children, set(parent_list), -1, 0, 0])
         return tree
-
-    def observe(self, tree: DraftTree, verdict: Verdict) -> None:
-        """A chain's acceptance: accepted tokens over them plus the rejection that ended the
-        path, if one did."""
-        self._unverified = None
-        reached_leaf = bool(verdict.path) and not tree.has_child()[verdict.path[-1]]
-        n = len(verdict.path)
-        self.buckets[self.last].add(n, n + (0 if reached_leaf else 1))

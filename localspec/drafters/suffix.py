@@ -31,7 +31,7 @@ from localspec.drafters.base import Budget, Drafter
 from localspec.drafters.lookup import LookupDrafter, MatchAcceptance
 from localspec.errors import LocalspecError
 from localspec.sampling import SamplingConfig
-from localspec.verify import DraftTree, Verdict
+from localspec.verify import DraftTree
 
 LOG_MAGIC, INDEX_MAGIC, VERSION = b"LSSUFLOG", b"LSSUFIDX", 1
 RECORD = struct.Struct("<II")  # tokens, crc32 of their bytes
@@ -286,7 +286,6 @@ class SuffixDrafter(Drafter):
         self.max_depth, self.alpha, self.min_share = max_depth, alpha, min_share
         # Of store drafts: text of other documents starts as a weaker bet than the request's own.
         self.acceptance = MatchAcceptance(base=0.2, cap=0.7)
-        self.source = "lookup"  # where the last proposal came from: "lookup" or "store"
 
     def begin(self, prompt: list[int], sampling: SamplingConfig) -> None:
         self.lookup.begin(prompt, sampling)
@@ -295,8 +294,7 @@ class SuffixDrafter(Drafter):
         self.acceptance.start(context)
         own = self.lookup.propose(context, budget)
         stored = self._from_store(context, budget)
-        best, self.source = max((own, "lookup"), (stored, "store"), key=lambda t: budget.speedup(t[0]))
-        return best
+        return max(own, stored, key=budget.speedup)
 
     def _from_store(self, context: list[int], budget: Budget) -> DraftTree:
         # Only continuations at least min_share of the occurrences took.
@@ -304,9 +302,6 @@ class SuffixDrafter(Drafter):
             np.asarray(context[-self.max_match:], np.int32), self.max_match, budget.max_nodes,
             self.max_depth, self.alpha, self.min_share)
         return self.acceptance.tree(tokens, parents, counts, n_match, n_occ)
-
-    def observe(self, tree: DraftTree, verdict: Verdict) -> None:
-        (self.lookup.acceptance if self.source == "lookup" else self.acceptance).observe(tree, verdict)
 
 
 SKIP_DIRS = {"node_modules", "__pycache__", "venv", "build", "dist", "target"}

@@ -1,0 +1,62 @@
+"""Prompt lookup's acceptance by depth: copying is sticky, so once the text has followed copies
+deep, drafts grow as deep as the cost curve pays for (a single rate per match length, a
+geometric chain, cut them short), and where copies break off at one depth, drafts stop there."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from localspec.drafters.base import Budget
+from localspec.drafters.lookup import LookupDrafter
+from localspec.llama.cost import CostCurve
+from localspec.sampling import SamplingConfig
+
+pytestmark = pytest.mark.unit
+
+# An MoE target on a GPU (the H200's 30B-A3B curve, rounded): wide batches are cheap.
+CURVE = CostCurve(seconds=[1.0, 1.25, 1.5, 1.8] + [2.2] * 4 + [2.6] * 8 + [3.0] * 16, n_context=0)
+
+
+def text_copying(run: int, n: int, seed: int = 0) -> list[int]:
+    """Fresh tokens, then again and again a copy of `run` tokens of what came before, broken
+    by a fresh token (an edit: the copy is then matched again a few tokens later)."""
+    rng = random.Random(seed)
+    text = [rng.randrange(1000, 30000) for _ in range(200)]
+    while len(text) < n:
+        start = rng.randrange(0, 150)
+        text += text[start:start + run] + [rng.randrange(1000, 30000)]
+    return text
+
+
+def decode(drafter: LookupDrafter, text: list[int], begin: int) -> list[tuple[int, int]]:
+    """Greedy decoding of `text` after text[:begin], as the loop runs it: per iteration the
+    nodes verified and accepted."""
+    budget = Budget(CURVE, n_seq_max=8)
+    context = text[:begin]
+    drafter.begin(context, SamplingConfig())
+    steps = []
+    while len(context) < len(text):
+        tree = budget.size(drafter.propose(context, budget))
+        n, _ = tree.walk(text[len(context):])
+        steps.append((len(tree), n))
+        context = text[:len(context) + n + 1]
+    return steps
+
+
+def test_drafts_grow_as_deep_as_copies_run_and_stop_where_they_break():
+    drafter = LookupDrafter()
+    steps = decode(drafter, text_copying(run=24, n=2400), begin=200)
+    late = steps[len(steps) // 2:]
+    assert np.mean([k for k, _ in late]) >= 10  # deep drafts (the curve's 31 at most) ...
+    assert sum(n for _, n in late) / sum(k for k, _ in late) > 0.5  # ... mostly accepted
+    rates = drafter.acceptance.rates()  # [match length bucket, depth bin]
+    assert rates[0, 4] > 0.9  # a 2-token match, depths 9-16: inside a copy the text goes on
+    assert rates[-1, 0] < 0.7  # a 24-token match is the copy's end here: the text leaves it
+    drafter = LookupDrafter()
+    steps = decode(drafter, text_copying(run=3, n=2400), begin=200)
+    late = steps[len(steps) // 2:]
+    assert np.mean([k for k, _ in late]) <= 2  # copies of 3 tokens: nothing deep is drafted
+    assert drafter.acceptance.rates()[0, 1] < 0.3  # after a 2-token match, depth 2 leaves
