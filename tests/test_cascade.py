@@ -61,6 +61,24 @@ def test_finds_the_best_drafter_and_k():
 
 
 @pytest.mark.unit
+def test_a_confirmed_arm_runs_longer_and_a_fall_ends_its_set_phase():
+    """Where one arm is best throughout, each test phase that confirms it doubles the next set
+    phase (up to max_set_len): testing costs less the longer it holds. When the text stops
+    repeating (its utility falls to 0.6), the set phase ends within a window of `trial`
+    iterations and plain decoding takes over."""
+    cfg = CascadeConfig()
+    lookup, draft = peaked(6, 2.0), peaked(2, 1.4)
+    cascade = Cascade(["lookup", "draft"], cfg, predict_k=lambda d: 6 if d == "lookup" else 2)
+    arms = simulate(cascade, lambda arm, i: 0.6 if i >= 600 else (lookup if arm[0] == "lookup" else draft)(arm[1]), 800)
+    lengths = [n for arm, n in set_phases(cascade) if arm == ("lookup", 6)]
+    assert max(lengths) == cfg.max_set_len and lengths[:4] == [16, 32, 64, cfg.max_set_len]
+    assert sum(a == ("lookup", 6) for a in arms[:600]) / 600 > 0.85
+    switched = next(i for i in range(600, 800) if cascade.trace[i].phase != "set")
+    assert switched <= 600 + cfg.trial
+    assert all(a == PLAIN for a in arms[700:]) or sum(a == PLAIN for a in arms[650:]) > 120
+
+
+@pytest.mark.unit
 def test_switches_off_below_one_and_backs_off():
     cascade = Cascade(["lookup", "draft"], predict_k=lambda d: 4)
     arms = simulate(cascade, lambda arm, i: 0.6, 1000)
@@ -144,8 +162,9 @@ def test_a_proposal_is_scored_by_how_far_the_text_went_along_it():
 def test_a_drafter_predicted_not_to_pay_is_explored_within_a_share_of_the_time():
     """A drafter for which the cost curve predicts no paying K (predict_k = 0) loses without
     trials until its back-off is long; then it is explored, but only while what its trials
-    were predicted to lose stays within `explore_share` of the time decoded."""
-    cfg = CascadeConfig()
+    were predicted to lose stays within `explore_share` of the time decoded. (Set phases kept
+    at one length: a confirmed arm's longer ones leave fewer test phases to explore in.)"""
+    cfg = CascadeConfig(max_set_len=CascadeConfig().set_len)
     cascade = Cascade(["good", "slow"], cfg, predict_k=lambda d: 0 if d == "slow" else 2,
                       trial_cost=lambda d: 3.0)
     arms = simulate(cascade, lambda arm, i: 1.5 if arm[0] == "good" else 0.3, 8000)

@@ -9,6 +9,12 @@ time per token. A test phase tries up to `max_trials` arms for `trial` iteration
 best then runs for a set phase of `set_len` iterations, or plain decoding when no arm reached
 1, in which case the next set phase is twice as long (adaptive back-off).
 
+Beyond the paper, for requests where one arm is best throughout (chat, HumanEval): a test phase
+that confirms the arm that just ran doubles the next set phase too (up to `max_set_len`), so
+testing costs less the longer an arm holds; and a speculative set phase ends early when its
+last `trial` iterations fall clearly (by `converge`) below the utility that chose it, so a
+text that stops repeating is followed within a few iterations.
+
 Beyond the paper: the arms span several drafters. A test phase first tries each drafter at
 its starting K (the K of its best recent utility, else what the cost curve predicts from its
 acceptance), then hill-climbs K on the best one not yet at a known maximum; what was measured
@@ -42,6 +48,7 @@ class CascadeConfig:
     trial: int = 4           # iterations per trial (the paper's t)
     max_trials: int = 4      # trials per test phase (M)
     set_len: int = 16        # iterations per set phase (S), doubled each time speculation goes off
+    max_set_len: int = 128   # ... or each time a test phase confirms the arm that ran, up to this
     base_len: int = 4        # plain iterations measuring the baseline
     base_every: int = 100    # iterations between baseline measurements
     ladder: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)  # the Ks hill-climbing steps through
@@ -93,6 +100,7 @@ class Cascade:
         self.t_base = 0.0
         self.iteration = self.base_at = 0
         self.set_len = self.cfg.set_len
+        self.last_set = PLAIN  # the arm of the last set phase
         self.trace: list[TraceRow] = []  # this request's iterations
         self._span = -1
         self._plan = self._run()
@@ -122,18 +130,26 @@ class Cascade:
 
     # --- the policy, as a generator: each yield is the arm of one iteration -------------------
 
-    def _iterations(self, arm: Arm, n: int, phase: str) -> Generator[Arm, tuple, float]:
+    def _iterations(self, arm: Arm, n: int, phase: str, chosen_at: float = 0.0) -> Generator[Arm, tuple, float]:
         """Run `arm` for n iterations; return their utility (and refresh the baseline on
-        plain ones)."""
+        plain ones). `chosen_at`: the utility that chose a speculative set phase's arm, which
+        ends once a window of `trial` iterations falls clearly below it."""
         self._phase, self._span = phase, self._span + 1
         self._shadows: dict[str, list[tuple[int, float]]] = {}
         tokens = seconds = 0.0
         first = len(self.trace)
-        for _ in range(n):
+        window = self.cfg.trial
+        for i in range(1, n + 1):
             t, s = yield arm
             tokens, seconds = tokens + t, seconds + s
             if arm == PLAIN and phase == "set" and self._woken():
                 break
+            if chosen_at and i % window == 0 and i < n:
+                recent = self.trace[-window:]
+                fell = sum(r.tokens for r in recent) * self.t_base < \
+                    (1.0 - self.cfg.converge) * chosen_at * sum(r.seconds for r in recent)
+                if fell:
+                    break
         if arm == PLAIN and tokens:
             self.t_base, self.base_at = seconds / tokens, self.iteration
         u = tokens / seconds * self.t_base if seconds > 0 else 0.0
@@ -146,12 +162,13 @@ class Cascade:
         while True:
             if self.iteration - self.base_at >= self.cfg.base_every:
                 yield from self._iterations(PLAIN, self.cfg.base_len, "base")
-            best = yield from self._test()
-            u = yield from self._iterations(best, self.set_len, "set")
+            best, chosen_at = yield from self._test()
+            u = yield from self._iterations(best, self.set_len, "set", chosen_at if best != PLAIN else 0.0)
+            self.last_set = best
             if best != PLAIN:
                 self.memory[best[0]].utility[best[1]] = u
 
-    def _test(self) -> Generator[Arm, tuple, Arm]:
+    def _test(self) -> Generator[Arm, tuple, tuple[Arm, float]]:
         cfg = self.cfg
         tried: dict[Arm, float] = {}
         candidates = []
@@ -189,13 +206,14 @@ class Cascade:
             else:
                 m.losses = 0
         if not tried:  # every drafter is sitting out
-            return PLAIN
+            return PLAIN, 1.0
         best = max(tried, key=tried.get)
         if tried[best] < 1.0:
             self.set_len *= 2
-            return PLAIN
-        self.set_len = cfg.set_len
-        return best
+            return PLAIN, 1.0
+        confirmed = best == self.last_set
+        self.set_len = min(2 * self.set_len, cfg.max_set_len) if confirmed else cfg.set_len
+        return best, tried[best]
 
     def _woken(self) -> bool:
         """Did a watched drafter's last `trial` shadow iterations of this phase clearly pay
