@@ -60,3 +60,12 @@ def test_drafts_grow_as_deep_as_copies_run_and_stop_where_they_break():
     late = steps[len(steps) // 2:]
     assert np.mean([k for k, _ in late]) <= 2  # copies of 3 tokens: nothing deep is drafted
     assert drafter.acceptance.rates()[0, 1] < 0.3  # after a 2-token match, depth 2 leaves
+
+
+def test_a_match_with_no_room_to_draft_is_an_empty_tree():
+    """The store finds occurrences but the budget leaves no node (the request's last token)."""
+    acceptance = LookupDrafter().acceptance
+    acceptance.start([1, 2, 3])
+    empty = np.zeros(0, np.int32)
+    assert len(acceptance.tree(empty, empty, np.zeros(0), n_match=4, n_occurrences=3)) == 0
+    acceptance.start([1, 2, 3, 4])  # nothing open to judge

@@ -81,7 +81,7 @@ class Drafters:
         where = self.store_setting if where is None else StoreSetting.parse(where)
         if where not in self._stores:
             tokenizer = self.model.tokenizer_hash
-            self._stores[where] = SuffixStore(where.folder(tokenizer), tokenizer)
+            self._stores[where] = SuffixStore(where.folder(tokenizer), tokenizer, notice=self.notice)
         return self._stores[where]
 
     def learn(self, tokens: list[int]) -> None:

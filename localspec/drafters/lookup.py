@@ -129,7 +129,7 @@ class MatchAcceptance:
              n_occurrences: int) -> DraftTree:
         """Reaching a node takes the text going the way that share of the earlier occurrences
         went, and the text following the draft at every depth on the way there."""
-        if n_occurrences == 0:
+        if n_occurrences == 0 or len(tokens) == 0:  # nothing matched, or no room to draft
             return DraftTree.empty()
         bucket = self._bucket(n_match)
         tree = DraftTree(tokens, parents, np.zeros(len(tokens)))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import os
 import struct
-import sys
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from localspec import _native, paths
 from localspec.drafters.base import Budget, Drafter
 from localspec.drafters.lookup import LookupDrafter, MatchAcceptance
 from localspec.errors import LocalspecError
+from localspec.progress import Notice, notice_on_stderr
 from localspec.sampling import SamplingConfig
 from localspec.verify import DraftTree
 
@@ -80,7 +80,10 @@ class SuffixStore:
     """The documents and their suffix arrays (native), kept in `directory`; None: in memory
     only (benchmarks, which roll it back between configurations)."""
 
-    def __init__(self, directory: Path | None, tokenizer: str, max_bytes: int | None = None):
+    def __init__(self, directory: Path | None, tokenizer: str, max_bytes: int | None = None,
+                 notice: Notice = notice_on_stderr):
+        """`notice` hears what was repaired on opening (a torn record dropped, the index rebuilt)."""
+        self.notice = notice
         self.native = _native.SuffixStore()
         self.directory = directory
         self.tokenizer = tokenizer
@@ -160,7 +163,7 @@ class SuffixStore:
             self.synced = self.snapshotted = covered
             return True
         except (ValueError, struct.error, LocalspecError) as e:
-            print(f"localspec: rebuilding the suffix index ({self.index.name}: {e})", file=sys.stderr)
+            self.notice(f"rebuilding the suffix index ({self.index.name}: {e})")
             self.native = _native.SuffixStore()
             return False
 
@@ -188,7 +191,7 @@ class SuffixStore:
                 at += RECORD.size + 4 * n
             self.synced += at
             if at < len(data):
-                print(f"localspec: dropped a torn record at the end of {self.log}", file=sys.stderr)
+                self.notice(f"dropped a torn record at the end of {self.log}")
                 f.truncate(self.synced)
 
     # --- what the engine and `localspec index` call -------------------------------------------
