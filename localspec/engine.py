@@ -298,9 +298,10 @@ class Engine:
         ctx.pad_rule = live.pad_to if isinstance(live, LiveCurve) else None
         if ctx.pad_rule:
             live.pad_with(tuple(ctx.shapes))
-        options = RunOptions(not request.ignore_eog, tie_bound, max_batch, self._reading,
-                             None if plain else getattr(self.curve, "observe", None), self.planning.price(),
-                             self.drafters.ledger)
+        options = RunOptions(stop_at_eog=not request.ignore_eog, tie_bound=tie_bound, max_batch=max_batch,
+                             progress=self._reading,
+                             on_forward=None if plain else getattr(self.curve, "observe", None),
+                             price=self.planning.price(), ledger=self.drafters.ledger)
         steps = run(ctx, controller, tokens, request.sampling, request.max_tokens, stats, options)
         with contextlib.closing(steps):
             while reason is None and (it := None if cancel.is_set() else next(steps, None)) is not None:

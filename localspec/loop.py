@@ -10,6 +10,7 @@ verify.py (DraftTree, launch, accept) and llama/context.py (decode, the KV cache
 from __future__ import annotations
 
 import collections
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Protocol, Sequence
@@ -18,7 +19,7 @@ from localspec.control.controllers import Plain
 from localspec.drafters.base import Budget, Drafter, Ledger
 from localspec.llama.context import Context
 from localspec.sampling import SamplingConfig, TokenSampler
-from localspec.verify import DraftTree, accept, launch
+from localspec.verify import DraftTree, Verdict, accept, launch
 
 
 class Controller(Protocol):
@@ -51,6 +52,8 @@ class Stats:
     forwards: int = 0          # target forwards while generating (one per iteration, and
     settled: int = 0           # --strict: one more per near-tie settled by a single token)
     ran: collections.Counter = field(default_factory=collections.Counter)  # iterations per arm
+    # draft tokens accepted per iteration that verified a draft -> iterations
+    accepted_lengths: collections.Counter = field(default_factory=collections.Counter)
 
     @property
     def predicted_per_second(self) -> float:
@@ -66,6 +69,18 @@ class Stats:
     @property
     def acceptance(self) -> float:
         return self.draft_n_accepted / self.draft_n if self.draft_n else 0.0
+
+    def add(self, it: Iteration, forwards: int, settled: bool) -> None:
+        """One iteration after the first token."""
+        self.predicted_n += len(it.tokens)
+        self.predicted_ms += it.seconds * 1e3
+        self.forwards += forwards
+        self.settled += settled
+        self.draft_n += it.n_drafted
+        self.draft_n_accepted += it.n_verified_accepted
+        self.ran[it.arm] += 1
+        if it.n_drafted:
+            self.accepted_lengths[it.n_verified_accepted] += 1
 
     def summary(self) -> str:
         line = (f"{self.predicted_per_second:.2f} tokens/s · prompt {self.prompt_n} tokens in "
@@ -83,7 +98,7 @@ class Stats:
                 "predicted_n": self.predicted_n, "predicted_ms": self.predicted_ms,
                 "predicted_per_second": self.predicted_per_second, "draft_n": self.draft_n,
                 "draft_n_accepted": self.draft_n_accepted, "tau": self.tau,
-                "ran": dict(self.ran)}
+                "ran": dict(self.ran), "accepted_lengths": dict(sorted(self.accepted_lengths.items()))}
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,8 @@ class Iteration:
     forward_seconds: float = 0.0  # of `seconds`, the target's forwards
     draft_seconds: float = 0.0    # ... and the drafter's own (the rest is the host's)
     draft_charged: float = 0.0    # what those are charged (Ledger: priced on another curve)
+    n_verified_accepted: int = 0  # draft tokens verification accepted (n_accepted before the
+    #                               request's end cut what was emitted)
 
     @property
     def host_seconds(self) -> float:
@@ -129,114 +146,150 @@ class RunOptions:
     ledger: Ledger | None = None
 
 
+@dataclass(frozen=True)
+class Flight:
+    """An iteration whose forward is launched: what the controller chose and the drafter
+    proposed, where the cache stood, and what drafting took."""
+    tree: DraftTree
+    drafter: Drafter | None
+    arm: str
+    phase: str
+    n_past: int                 # tokens in the cache before the forward
+    n_pending: int              # emitted tokens the forward puts in the cache before the tree
+    draft_seconds: float = 0.0  # the drafter's own forwards while proposing
+    draft_charged: float = 0.0  # ... as the ledger charges them
+
+
 def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: SamplingConfig,
         max_tokens: int, stats: Stats | None = None, options: RunOptions = RunOptions()) -> Iterator[Iteration]:
     """Generate up to `max_tokens` after `prompt`, an iteration at a time. Closing the
     generator between iterations leaves the KV cache holding exactly ctx.tokens."""
-    tie_bound, max_batch, stop_at_eog = options.tie_bound, options.max_batch, options.stop_at_eog
-    progress, on_forward, price, ledger = options.progress, options.on_forward, options.price, options.ledger
     t0 = time.perf_counter()
     stats = stats if stats is not None else Stats()
     prompt = list(prompt)
-    drafters = controller.drafters
-    for d in drafters:
-        d.begin(prompt, sampling)
-    controller.begin()
-    sampler = TokenSampler(sampling, prompt)
-    ctx.sample_on_device(device_sampling(sampling, tie_bound) if ctx.config.sample_on_device else None)
-    followers = [d for d in drafters if d.feature_window]  # they read the target's features
-
-    def commit(first_pos: int, rows: list[int]) -> None:
-        for d in followers:
-            d.commit(ctx, first_pos, rows)
-
+    sampler, followers = begin(ctx, controller, prompt, sampling, options.tie_bound)
+    commit = functools.partial(commit_features, ctx, followers) if followers else None
     window = max((d.feature_window for d in followers), default=1)
-    reused, last = ctx.prefill(prompt, window, commit if followers else None, progress)
+    reused, last = ctx.prefill(prompt, window, commit, options.progress)
     max_tokens = min(max_tokens, ctx.n_ctx - len(prompt) + 1)  # stop where the context ends
     first = last if isinstance(last, int) else sampler.sample(last)
     sampler.extend([first])
-    t_start = time.perf_counter()
-    stats.cache_n += reused
-    stats.prompt_n += len(prompt) - reused
-    stats.prompt_ms += (t_start - t0) * 1e3
-    stats.predicted_n += 1
-    yield Iteration("prompt", "", None, [first], 0, 0, t_start - t0, DraftTree.empty())
+    t_first = time.perf_counter()
+    stats.prompt_n, stats.cache_n = stats.prompt_n + len(prompt) - reused, stats.cache_n + reused
+    stats.prompt_ms, stats.predicted_n = stats.prompt_ms + (t_first - t0) * 1e3, stats.predicted_n + 1
+    yield Iteration(arm="prompt", phase="", drafter=None, tokens=[first], n_accepted=0, n_drafted=0,
+                    seconds=t_first - t0, tree=DraftTree.empty())
     # An iteration's time runs from the end of the last one, so what the caller does with an
     # iteration (text, events) is paid by the next: the iterations' times add up to the wall
     # clock's.
     t_iter = time.perf_counter()
-    n_out = 1
-    pending = [first]  # emitted, not yet in the KV cache; the last is the next tree's root
+    n_out, pending = 1, [first]  # pending: emitted, not yet in the cache; the last is the next root
 
-    def launch_next() -> tuple[DraftTree, Drafter | None, str, str, int, int, float, float]:
-        """Choose, draft and size the next iteration's tree and start its forward."""
-        booked = (ledger.measured, ledger.charged) if ledger else (0.0, 0.0)
-        context = ctx.tokens + pending
-        room = min(max_tokens - n_out - 1, ctx.n_ctx - len(context) - 1,
-                   (max_batch or ctx.n_ctx) - len(pending))
-        choice = controller.choose(context, room)
-        tree, drafter = DraftTree.empty(), None
-        if choice is not None:
-            drafter, budget, proposal = choice
-            tree = budget.size(proposal)
-        launch(ctx, tree, pending, all_pending_rows=bool(followers), speculating=choice is not None)
-        drafted = (ledger.measured - booked[0], ledger.charged - booked[1]) if ledger else (0.0, 0.0)
-        return tree, drafter, controller.arm, controller.phase, len(ctx.tokens), len(pending), *drafted
+    def launch_next(last: int) -> Flight | None:
+        """The next iteration's flight, or None where the request ended with `last`."""
+        if ends(ctx, options, last, n_out, max_tokens):
+            return None
+        room = min(max_tokens - n_out - 1, ctx.n_ctx - len(ctx.tokens) - len(pending) - 1,
+                   (options.max_batch or ctx.n_ctx) - len(pending))
+        return launch_flight(ctx, controller, pending, room, options.ledger, bool(followers))
 
     # The next iteration's forward is launched before this one is handed out: on a GPU the
     # device computes it while the caller turns this one into text and events.
-    ended = n_out >= max_tokens or (stop_at_eog and ctx.model.is_eog(first))
     try:
-        flight = None if ended else launch_next()
+        flight = launch_next(first)
         while flight is not None:
-            tree, drafter, arm, phase, n_past, n_pending, draft_seconds, draft_charged = flight
-            verdict = accept(ctx, tree, sampler, tie_bound)
-            forward = verdict.seconds
-            if on_forward:  # in the shape it ran in (a GPU pads batches to a few)
-                on_forward(ctx.shape, n_past, verdict.seconds)
-            if followers:  # the pending rows, then the accepted nodes the cache kept
-                commit(n_past, list(range(n_pending + verdict.n_cached)))
-            if len(tree):  # a proposal sized to nothing was not verified: nothing to observe
-                drafter.observe(tree, verdict)
+            verdict, forward, settled = land(ctx, flight, sampler, options, commit)
             emitted = verdict.tokens
-            pending = emitted[verdict.n_cached:len(verdict.path)]  # accepted, not cached
-            forwards = 1
-            sampler.extend(emitted)
-            if verdict.unsettled:
-                t_settle = time.perf_counter()
-                emitted.append(settle(ctx, sampler, pending))
-                forward += time.perf_counter() - t_settle
-                sampler.extend(emitted[-1:])
-                pending = []
-                forwards += 1
-                stats.settled += 1
+            pending = emitted[verdict.n_cached:len(verdict.path)] if not settled else []
             pending.append(emitted[-1])
-            n_accepted = len(verdict.path)
-            for i, token in enumerate(emitted):  # the request may end inside what was emitted
-                if (stop_at_eog and ctx.model.is_eog(token)) or n_out + i + 1 == max_tokens:
-                    del emitted[i + 1:]
-                    n_accepted = min(n_accepted, len(emitted))
-                    break
+            # the request may end inside what was emitted
+            n_emitted = next((i + 1 for i, t in enumerate(emitted) if ends(ctx, options, t, n_out + i + 1,
+                                                                             max_tokens)), len(emitted))
             t_end = time.perf_counter()
-            seconds, t_iter = t_end - t_iter, t_end
-            priced = seconds - draft_seconds + draft_charged
-            if price is not None:
-                priced += price(n_pending + len(tree), n_past) - forward
-            controller.record(len(emitted), priced, len(tree), len(verdict.path))
-            n_out += len(emitted)
-            stats.predicted_n += len(emitted)
-            stats.predicted_ms += seconds * 1e3
-            stats.forwards += forwards
-            stats.draft_n += len(tree)
-            stats.draft_n_accepted += len(verdict.path)
-            stats.ran[arm] += 1
-            done = Iteration(arm, phase, drafter.name if drafter else None, emitted, n_accepted,
-                             len(tree), seconds, tree, forward, draft_seconds, draft_charged)
-            ended = n_out >= max_tokens or (stop_at_eog and ctx.model.is_eog(emitted[-1]))
-            flight = None if ended else launch_next()
+            done = Iteration(arm=flight.arm, phase=flight.phase,
+                             drafter=flight.drafter.name if flight.drafter else None, tokens=emitted[:n_emitted],
+                             n_accepted=min(len(verdict.path), n_emitted), n_drafted=len(flight.tree),
+                             seconds=t_end - t_iter, tree=flight.tree, forward_seconds=forward,
+                             draft_seconds=flight.draft_seconds, draft_charged=flight.draft_charged,
+                             n_verified_accepted=len(verdict.path))
+            t_iter = t_end
+            controller.record(n_emitted, priced(done, flight, options.price), len(flight.tree), len(verdict.path))
+            n_out += n_emitted
+            stats.add(done, 1 + settled, settled)
+            flight = launch_next(done.tokens[-1])
             yield done
     finally:
         ctx.abandon()  # the caller stopped with a forward in flight: the cache holds ctx.tokens
+
+
+def begin(ctx: Context, controller: Controller, prompt: list[int], sampling: SamplingConfig,
+          tie_bound: float) -> tuple[TokenSampler, list[Drafter]]:
+    """A request starts: its drafters and controller hear it, and the context reads its rows
+    on the device where the settings allow. Returns the request's sampler and the drafters
+    that read the target's features."""
+    for d in controller.drafters:
+        d.begin(prompt, sampling)
+    controller.begin()
+    ctx.sample_on_device(device_sampling(sampling, tie_bound) if ctx.config.sample_on_device else None)
+    return TokenSampler(sampling, prompt), [d for d in controller.drafters if d.feature_window]
+
+
+def commit_features(ctx: Context, followers: list[Drafter], first_pos: int, rows: list[int]) -> None:
+    for d in followers:
+        d.commit(ctx, first_pos, rows)
+
+
+def launch_flight(ctx: Context, controller: Controller, pending: list[int], room: int, ledger: Ledger | None,
+                  all_pending_rows: bool) -> Flight:
+    """Choose, draft and size the next iteration's tree (within `room` nodes) and start its
+    forward over the pending tokens and the tree."""
+    booked = (ledger.measured, ledger.charged) if ledger else (0.0, 0.0)
+    n_past = len(ctx.tokens)
+    choice = controller.choose(ctx.tokens + pending, room)
+    tree, drafter = DraftTree.empty(), None
+    if choice is not None:
+        drafter, budget, proposal = choice
+        tree = budget.size(proposal)
+    launch(ctx, tree, pending, all_pending_rows, speculating=choice is not None)
+    drafted = (ledger.measured - booked[0], ledger.charged - booked[1]) if ledger else (0.0, 0.0)
+    return Flight(tree, drafter, controller.arm, controller.phase, n_past, len(pending), *drafted)
+
+
+def land(ctx: Context, flight: Flight, sampler: TokenSampler, options: RunOptions,
+         commit: Callable[[int, list[int]], None] | None) -> tuple[Verdict, float, bool]:
+    """Wait for the flight's forward and accept exactly; the drafter and the feature readers
+    hear what was kept. A near-tie --strict leaves unsettled is decided by single-token
+    forwards, as plain decoding would. Returns the verdict (its tokens: everything emitted),
+    the seconds in forwards, and whether a tie was settled."""
+    verdict = accept(ctx, flight.tree, sampler, options.tie_bound)
+    if options.on_forward:  # in the shape it ran in (a GPU pads batches to a few)
+        options.on_forward(ctx.shape, flight.n_past, verdict.seconds)
+    if commit:  # the pending rows, then the accepted nodes the cache kept
+        commit(flight.n_past, list(range(flight.n_pending + verdict.n_cached)))
+    if len(flight.tree):  # a proposal sized to nothing was not verified: nothing to observe
+        flight.drafter.observe(flight.tree, verdict)
+    sampler.extend(verdict.tokens)
+    forward = verdict.seconds
+    if verdict.unsettled:
+        t_settle = time.perf_counter()
+        verdict.tokens.append(settle(ctx, sampler, verdict.tokens[verdict.n_cached:len(verdict.path)]))
+        forward += time.perf_counter() - t_settle
+        sampler.extend(verdict.tokens[-1:])
+    return verdict, forward, verdict.unsettled
+
+
+def ends(ctx: Context, options: RunOptions, token: int, n_out: int, max_tokens: int) -> bool:
+    """Does the request end with `token`, its n_out-th?"""
+    return n_out >= max_tokens or (options.stop_at_eog and ctx.model.is_eog(token))
+
+
+def priced(it: Iteration, flight: Flight, price: Callable[[int, int], float] | None) -> float:
+    """The iteration's seconds as the controller hears them: the drafter's forwards as
+    charged, and with `price` the target's forward as it costs on another machine's curve."""
+    seconds = it.seconds - it.draft_seconds + it.draft_charged
+    if price is not None:
+        seconds += price(flight.n_pending + len(flight.tree), flight.n_past) - it.forward_seconds
+    return seconds
 
 
 # The most candidates a row hands back from the device: beyond it, the full row costs little more.
