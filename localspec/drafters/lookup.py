@@ -61,8 +61,8 @@ class MatchAcceptance:
     then left it. A proposal sized to a few nodes, or not verified at all (another drafter
     ran, or plain decoding), so still tells how much deeper it would have been accepted;
     otherwise a bin whose prior is too low to draft would never learn it should. A judgement
-    still open after JUDGE_FOR proposals counts what the text followed so far (a censored run:
-    no rejection)."""
+    is counted as the text comes and closed after JUDGE_FOR proposals (what it followed so far
+    counts as a censored run: no rejection)."""
 
     DEPTH_BINS = (1, 2, 3, 5, 9, 17, 33)  # each bin's first depth
     JUDGE_FOR = 8
@@ -93,7 +93,8 @@ class MatchAcceptance:
 
     def start(self, context: list[int]) -> None:
         """A proposal for `context` begins: evidence decays, and the proposals still open are
-        judged by the tokens that came since."""
+        judged by the tokens that came since, as they came (a copy that goes on teaches at
+        once, not when it ends)."""
         self.followed *= self.DECAY
         self.reached *= self.DECAY
         still_open = []
@@ -101,25 +102,26 @@ class MatchAcceptance:
             at, tail, bucket, children, inner, node, depth, waited = judgement
             if len(context) < at or tuple(context[at - len(tail):at]) != tail:
                 continue  # another text (a new request): nothing to judge
+            before, left, done = depth, False, False
             for token in context[at + depth:]:
                 child = children.get((node, token))
                 if child is None:  # the text left the draft here, or ran past a leaf
-                    self._judge(bucket, depth, left=node in inner)
+                    left, done = node in inner, True
                     break
                 node, depth = child, depth + 1
             else:
-                if node not in inner or waited + 1 >= self.JUDGE_FOR:
-                    self._judge(bucket, depth, left=False)  # a leaf, or as far as it went
-                else:
-                    judgement[5:] = node, depth, waited + 1
-                    still_open.append(judgement)
+                done = node not in inner or waited + 1 >= self.JUDGE_FOR  # a leaf, or long enough
+            self._count(bucket, before, depth, left)
+            if not done:
+                judgement[5:] = node, depth, waited + 1
+                still_open.append(judgement)
         self._open = still_open
         self._context = len(context), tuple(context[-8:])
 
-    def _judge(self, bucket: int, depth: int, left: bool) -> None:
-        """The text followed a draft `depth` tokens deep, then left it (or ran out of it)."""
-        if depth:
-            n = np.bincount(self.bin_of[:depth], minlength=len(self.DEPTH_BINS))
+    def _count(self, bucket: int, start: int, depth: int, left: bool) -> None:
+        """The text followed a draft from depth `start` to `depth`, then left it (`left`)."""
+        if depth > start:
+            n = np.bincount(self.bin_of[start:depth], minlength=len(self.DEPTH_BINS))
             self.followed[bucket] += n
             self.reached[bucket] += n
         if left and depth < 64:
