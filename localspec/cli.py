@@ -252,7 +252,8 @@ def agreement(discrepancy: float, exact_batch: int, caveat: str = "") -> str:
 
 def cmd_cost(a: argparse.Namespace) -> None:
     from localspec.engine import Engine
-    from localspec.llama.cost import cache_path, cost_curve, read_loop
+    from localspec.llama.curve_cache import cache_path, read_loop
+    from localspec.llama.measure import cost_curve
     from localspec.progress import StderrProgress
     ctx = Engine(pulled_config(a, [DrafterSpec("none")]), progress=StderrProgress()).ctx
     curve = cost_curve(ctx, a.max_batch, refresh=a.refresh, progress=StderrProgress())
@@ -272,7 +273,7 @@ def cmd_cost(a: argparse.Namespace) -> None:
 
 def loop_agreement(loop: dict | None) -> str:
     """One line on how far the loop's forwards strayed from the curve in its last run."""
-    from localspec.llama.cost import strayed
+    from localspec.llama.curve_cache import strayed
     if not loop:
         return "the loop has not run on this curve yet"
     sizes = ", ".join(f"{n}: {r:.2f}x" for n, r in list(loop.get("by_batch", {}).items())[:6])
@@ -464,7 +465,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
              f" · T={sampling.temperature}" + (f" · median of {cfg.repeat}" if cfg.repeat > 1 else "")
              + (" · flat cost" if a.flat_cost else "")
              + (" · strict" if a.strict else ""))
-    projected_on = engine.curve if a.curve else None
+    projected_on = engine.planning.prepare() if a.curve else None
     if projected_on is not None:
         title += (f"\nprojected: every forward priced on the curve in {a.curve} (its batch at its "
                   "context), " + (f"the drafters' forwards on {a.draft_curve}, " if a.draft_curve else "")
@@ -473,10 +474,10 @@ def cmd_bench(a: argparse.Namespace) -> None:
     ceiling = report.ceiling_line(configs)
     if ceiling:
         print("\n" + ceiling)
-    print("\n" + agreement(*engine.exactness, " (a tie within it may legitimately flip)"))
+    print("\n" + agreement(*engine.exactness(), " (a tie within it may legitimately flip)"))
     meta = {"model": str(engine.model.path), "workload": cfg.workload, "n": len(prompts),
             "max_tokens": cfg.max_tokens, "temperature": sampling.temperature, "repeat": cfg.repeat,
-            "seed": sampling.seed, "discrepancy": engine.exactness[0],
+            "seed": sampling.seed, "discrepancy": engine.exactness()[0],
             "projected_on": a.curve or None, "drafts_priced_on": a.draft_curve or None, "argv": sys.argv[1:]}
     if cfg.json_out:
         report.write_json(configs, meta, Path(cfg.json_out), projected_on)

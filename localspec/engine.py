@@ -25,7 +25,8 @@ from localspec.drafters.suffix import StoreSetting
 from localspec.errors import LocalspecError
 from localspec.llama import Model
 from localspec.llama.context import ContextConfig, default_threads
-from localspec.llama.cost import POWERS_OF_TWO, CostCurve, LiveCurve, read_curve, stable_shapes
+from localspec.llama.curve import POWERS_OF_TWO, CostModel, read_curve, stable_shapes
+from localspec.llama.live import LiveCurve
 from localspec.llama.model import LogHandler, set_log_handler
 from localspec.llama.placement import ALL_LAYERS, gpus, layers_that_fit, where
 from localspec.llama.planning import Planning
@@ -210,20 +211,26 @@ class Engine:
         self.ctx = self.slots.contexts[0]  # the slot the last request ran in
         self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, load, self.loads, ledger,
                                  notice)
-        self.planning = Planning(self.ctx, self.progress, cfg.curve, cfg.flat_cost, cfg.whole_curve,
-                                 cfg.refine_curve, cfg.strict)
+        self._lock = threading.Lock()  # one request at a time; the curve's measurement takes turns with them
+        self._owner: int | None = None  # the thread whose request holds it
+        self._idle_since = time.monotonic()
+        self.planning = Planning(self.ctx, self.progress, self._lock, self._idle, cfg.curve, cfg.flat_cost,
+                                 cfg.whole_curve, cfg.refine_curve, cfg.strict)
         self._cascades: dict[DrafterSpec, Controller] = {}  # auto's keep what they learnt
-        if cfg.strict and (exact_batch := self.exactness[1]) >= 2:
+        if cfg.strict and (exact_batch := self.exactness()[1]) >= 2:
             for ctx in self.slots.contexts:  # prompts too in batches that reproduce single tokens
                 ctx.chunk, ctx.all_exact = exact_batch, True
 
     @property
-    def curve(self) -> CostCurve | LiveCurve:
+    def curve(self) -> CostModel:
+        """The cost curve requests plan on, once measured (prepare(), or the first request
+        that speculates)."""
         return self.planning.curve
 
-    @property
     def exactness(self) -> tuple[float, int]:
-        return self.planning.exactness
+        """How far batched forwards reproduce single tokens here (Planning.exactness: the cost
+        curve is measured first if it was not)."""
+        return self.planning.exactness()
 
     @property
     def where(self) -> str:
@@ -234,10 +241,10 @@ class Engine:
         """Load, build and measure what requests with `spec` (the engine's drafter by default)
         need, now rather than inside the first of them."""
         spec = spec or self.cfg.drafter
-        with self.planning.request():
+        with self._request():
             self.controller(spec)
             if spec.kind != "none":
-                curve = self.curve
+                curve = self.planning.prepare()
                 if self.cfg.shapes is None:  # auto: the sizes worth their own shape on this curve
                     for ctx in self.slots.contexts:
                         ctx.shapes = stable_shapes(curve, ctx.shapes)
@@ -251,7 +258,7 @@ class Engine:
         """What runs a request with this spec."""
         if spec in self._cascades:
             return self._cascades[spec]
-        controller = controller_for(spec, self.drafters, lambda: self.curve, self.cfg.n_seq_max)
+        controller = controller_for(spec, self.drafters, self.planning.prepare, self.cfg.n_seq_max)
         if spec.kind == "auto":
             self._cascades[spec] = controller
         return controller
@@ -264,7 +271,7 @@ class Engine:
     def prefill(self, request: Request) -> Done:
         """Only put the request's prompt in the cache (an editor's warm-up): what generate
         would reuse next, computed as it would compute it."""
-        with self.planning.request():
+        with self._request():
             tokens, stats, t0 = self.prompt_tokens(request), Stats(), time.perf_counter()
             self.ctx = self.slots.pick(tokens)
             stats.cache_n, _ = self.ctx.prefill(tokens, progress=self._reading)
@@ -277,7 +284,7 @@ class Engine:
         """Run `request`: Delta events as text is written (never part of a stop string, never
         half a character), then one Done. `cancel` set, or the stream closed, ends it after
         the iteration under way; the cache is left consistent either way."""
-        with self.planning.request():
+        with self._request():
             yield from self._generate(request, cancel or threading.Event(), on_iteration)
 
     def _generate(self, request: Request, cancel: threading.Event, on_iteration) -> Iterator[Delta | Done]:
@@ -292,15 +299,15 @@ class Engine:
         ctx = self.ctx = self.slots.pick(tokens)
         if not request.cache:
             ctx.clear()
+        curve = None if plain else self.planning.prepare()
         # Padded shapes: the curve prices each size in the shape it runs in after the last
         # forward's, and the context pads as it prices (plain requests keep to their shape).
-        live = None if plain or not ctx.shapes else self.curve
-        ctx.pad_rule = live.pad_to if isinstance(live, LiveCurve) else None
-        if ctx.pad_rule:
+        live = curve if ctx.shapes and isinstance(curve, LiveCurve) else None
+        ctx.pad_rule = live.pad_to if live is not None else None
+        if live is not None:
             live.pad_with(tuple(ctx.shapes))
         options = RunOptions(stop_at_eog=not request.ignore_eog, tie_bound=tie_bound, max_batch=max_batch,
-                             progress=self._reading,
-                             on_forward=None if plain else getattr(self.curve, "observe", None),
+                             progress=self._reading, on_forward=None if plain else curve.observe,
                              price=self.planning.price(), ledger=self.drafters.ledger)
         steps = run(ctx, controller, tokens, request.sampling, request.max_tokens, stats, options)
         with contextlib.closing(steps):
@@ -323,6 +330,25 @@ class Engine:
                 yield Delta(rest, 0, 0, controller.arm, iterations=0)
         self.drafters.learn([t for t in generated if not self.model.is_eog(t)])
         yield Done(reason, text.text, generated, stats, text.matched, len(ctx.tokens))
+
+    @contextlib.contextmanager
+    def _request(self) -> Iterator[None]:
+        """The engine's turn for a request: one at a time, and the thread that runs one may not
+        start another."""
+        me = threading.get_ident()
+        if self._owner == me:
+            raise LocalspecError("a request is still running on this engine: finish or close its stream first")
+        with self._lock:
+            self._owner = me
+            try:
+                yield
+            finally:
+                self._owner = None
+                self._idle_since = time.monotonic()
+
+    def _idle(self) -> float:
+        """Seconds since the engine's last request ended."""
+        return time.monotonic() - self._idle_since
 
     def _reading(self, done: int, total: int) -> None:
         self.progress("reading the prompt", done, total)

@@ -46,7 +46,7 @@ def main() -> None:
     _native.decode = timed_decode
     extra = {} if a.argmax is None else {"sample_on_device": a.argmax == "device"}
     engine = Engine(EngineConfig(model=a.model, threads=a.threads, store=":memory:", **extra))
-    engine.curve
+    engine.planning.prepare()  # the cost curve, measured before any run is timed
     prompts = [prompt_tokens(engine, p) for p in workloads.load(a.workload, a.limit)]
     for label in a.drafters:
         spec = DrafterSpec.parse(label)

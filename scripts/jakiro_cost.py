@@ -21,7 +21,7 @@ from localspec.drafters.jakiro import JakiroRuntime
 from localspec.drafters.jakiro_config import JakiroConfig
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig
-from localspec.llama.cost import cost_curve
+from localspec.llama.measure import cost_curve
 from localspec.llama.placement import layers_that_fit
 from localspec.train.target_weights import TargetWeights
 

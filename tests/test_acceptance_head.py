@@ -17,7 +17,7 @@ from localspec.drafters.files import read_head_gguf
 from localspec.drafters.spec import DrafterSpec
 from localspec.errors import LocalspecError
 from localspec.llama import Model
-from localspec.llama.cost import CostCurve
+from localspec.llama.curve import CostCurve
 from localspec.loop import Stats, run
 from localspec.train.acceptance import HeadTrainConfig, collect, load, train_head
 from localspec.train.acceptance_net import AcceptanceNet, head_inputs

@@ -204,7 +204,7 @@ class Copying(LookupDrafter):
 
 @pytest.mark.unit
 def test_a_sure_proposal_of_a_free_drafter_runs_outside_cascades_phases():
-    from localspec.llama.cost import CostCurve
+    from localspec.llama.curve import CostCurve
     curve = CostCurve([0.1 * (1 + 0.3 * n) for n in range(64)], 0)  # a CPU's shape
     drafter = Copying()
     controller = CascadeController({"lookup": drafter}, curve, n_seq_max=8)

@@ -11,7 +11,7 @@ import pytest
 
 from localspec.llama import Context
 from localspec.llama.context import ContextConfig
-from localspec.llama.cost import CostCurve
+from localspec.llama.curve import CostCurve
 from localspec.llama.text import TextStream, chat_tokens, complete_utf8_prefix
 from localspec.loop import generate
 from localspec.sampling import SamplingConfig, TokenSampler
@@ -204,7 +204,8 @@ def test_qwen_metadata_has_fim_tokens(qwen_model):
 
 
 def test_cost_curve_is_measured_once_and_cached(small_model, tmp_path, monkeypatch):
-    from localspec.llama.cost import cache_path, cost_curve
+    from localspec.llama.curve_cache import cache_path
+    from localspec.llama.measure import cost_curve
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
     with Context(small_model, ContextConfig(n_ctx=512, n_threads=2)) as ctx:
@@ -220,7 +221,7 @@ def test_cost_curve_is_measured_once_and_cached(small_model, tmp_path, monkeypat
 
 
 def test_cost_curve_measures_what_context_adds(small_model, tmp_path, monkeypatch):
-    from localspec.llama.cost import cost_curve
+    from localspec.llama.measure import cost_curve
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
     with Context(small_model, ContextConfig(n_ctx=2048, n_threads=2)) as ctx:
@@ -245,7 +246,9 @@ def test_a_cached_curve_the_loop_strays_from_is_measured_again(small_path, tmp_p
 
     from localspec.drafters.spec import DrafterSpec
     from localspec.engine import Engine, EngineConfig, Request
-    from localspec.llama.cost import LiveCurve, cache_path, cost_curve, read_loop, record_loop, strayed
+    from localspec.llama.curve_cache import cache_path, read_loop, record_loop, strayed
+    from localspec.llama.live import LiveCurve
+    from localspec.llama.measure import cost_curve
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
     recorded = json.loads(RECORDED_CURVE.read_text())
@@ -257,7 +260,7 @@ def test_a_cached_curve_the_loop_strays_from_is_measured_again(small_path, tmp_p
         path = cache_path(engine.ctx)
         path.parent.mkdir(parents=True)
         path.write_text(json.dumps(skewed))
-        assert engine.curve.base.seconds == skewed["seconds"]  # planned with, as it was cached
+        assert engine.planning.prepare().base.seconds == skewed["seconds"]  # planned with, as it was cached
         for prompt in ("def fibonacci(n):\n", "Count from 1 to 40: 1, 2, 3,"):
             list(engine.generate(Request(prompt=prompt, sampling=SamplingConfig(temperature=0.0), max_tokens=48)))
         assert read_loop(path) is None  # kept when the engine closes, not on a request's path
@@ -291,7 +294,8 @@ def test_a_coarse_curve_from_a_busy_moment_stays_positive_and_a_broken_cached_on
     whose times are not positive is measured again."""
     import json
 
-    from localspec.llama.cost import cache_path, cost_curve, fill_curve
+    from localspec.llama.curve_cache import cache_path
+    from localspec.llama.measure import cost_curve, fill_curve
 
     seconds = fill_curve({1: 0.020, 2: 0.030, 4: 0.050, 8: 0.041}, 64)
     assert len(seconds) == 64 and min(seconds) >= 0.020
@@ -333,7 +337,7 @@ def test_a_live_curve_learns_what_forwards_cost():
     them), then forwards that cost 33 and 59 ms: the live curve follows the forwards, slowly
     while they are few, and sizes not yet seen take their neighbours' correction."""
     from localspec.drafters.base import Budget
-    from localspec.llama.cost import LiveCurve
+    from localspec.llama.live import LiveCurve
     from localspec.verify import DraftTree
 
     measured = CostCurve([0.040, 0.056, 0.072, 0.088], 256, per_context=(1e-5, 2e-5, 3e-5, 4e-5))
@@ -367,7 +371,7 @@ def test_padded_shapes_price_a_forward_after_another_shape_and_stay_where_that_c
     prices, prices each size after the last forward's shape, and a smaller batch stays in
     that shape, padded, where leaving and coming back costs more than staying."""
     from localspec.drafters.base import Budget
-    from localspec.llama.cost import LiveCurve
+    from localspec.llama.live import LiveCurve
     from localspec.verify import DraftTree
 
     shapes = (1, 2, 4, 8, 16)
@@ -440,7 +444,7 @@ def test_a_curve_from_another_machine_as_json_or_as_the_printed_table(tmp_path):
     """`--curve FILE` takes the JSON `localspec cost` caches or the table it prints; anything
     else is one line."""
     from localspec.errors import LocalspecError
-    from localspec.llama.cost import read_curve
+    from localspec.llama.curve import read_curve
 
     curve = read_curve(Path(__file__).parent / "data" / "smollm2-2-threads.curve.json")
     table = tmp_path / "h200.txt"
@@ -475,7 +479,7 @@ def test_a_new_model_starts_on_a_quick_curve_and_measures_the_whole_one_between_
 
     from localspec.drafters.spec import DrafterSpec
     from localspec.engine import Engine, EngineConfig, Request
-    from localspec.llama.cost import cache_path
+    from localspec.llama.curve_cache import cache_path
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
     config = EngineConfig(model=str(small_path), n_ctx=512, threads=2, drafter=DrafterSpec("lookup"),
@@ -483,7 +487,7 @@ def test_a_new_model_starts_on_a_quick_curve_and_measures_the_whole_one_between_
     request = Request(prompt="Count from 1 to 40: 1, 2, 3,", sampling=SamplingConfig(temperature=0.0), max_tokens=24)
     engine = Engine(config)
     try:
-        live = engine.curve
+        live = engine.planning.prepare()
         assert live.base.coarse and len(live.seconds) == 64
         assert all(a <= b for a, b in zip(live.base.seconds, live.base.seconds[1:]))
         assert json.loads(cache_path(engine.ctx).read_text())["coarse"]
@@ -495,19 +499,19 @@ def test_a_new_model_starts_on_a_quick_curve_and_measures_the_whole_one_between_
         while live.base.coarse and time.time() < deadline:
             time.sleep(0.5)
         assert not live.base.coarse and engine.curve is live
-        assert engine.exactness == (live.base.discrepancy, live.base.exact_batch) and live.base.discrepancy >= 0
+        assert engine.exactness() == (live.base.discrepancy, live.base.exact_batch) and live.base.discrepancy >= 0
         cached = json.loads(cache_path(engine.ctx).read_text())
         assert not cached["coarse"] and cached["seconds"] == live.base.seconds
     finally:
         engine.close()
     engine = Engine(config)
     try:
-        assert not engine.curve.base.coarse and engine.planning._refiner is None  # the cached whole curve
+        assert not engine.planning.prepare().base.coarse and engine.planning._refiner is None  # the cached whole curve
     finally:
         engine.close()
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "again"))
     engine = Engine(config)
-    assert engine.curve.base.coarse and engine.planning.refining.wait(60)
+    assert engine.planning.prepare().base.coarse and engine.planning.refining.wait(60)
     engine.close()  # closes mid-measurement: the measuring thread ends with it, the curve not kept
     assert not engine.planning._refiner.is_alive() and engine.curve.base.coarse
     assert json.loads(cache_path(engine.ctx).read_text())["coarse"]

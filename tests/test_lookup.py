@@ -11,7 +11,7 @@ import pytest
 
 from localspec.drafters.base import Budget
 from localspec.drafters.lookup import LookupDrafter
-from localspec.llama.cost import CostCurve
+from localspec.llama.curve import CostCurve
 from localspec.sampling import SamplingConfig
 
 pytestmark = pytest.mark.unit

@@ -151,7 +151,7 @@ def test_stop_strings_split_across_tokens_never_appear(smol):
 def test_every_verification_forward_reaches_the_live_cost_curve(small_path):
     engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=2, drafter=DrafterSpec("lookup")))
     try:
-        assert not engine.curve.count.any()
+        assert not engine.planning.prepare().count.any()
         *_, done = engine.generate(Request(prompt="def fibonacci(n):\n", sampling=GREEDY, max_tokens=48))
         # One per iteration: the prompt's forwards are not verifications.
         assert engine.curve.count.sum() == done.stats.forwards > 0

@@ -18,7 +18,7 @@ from localspec.drafters.base import Budget
 from localspec.drafters.spec import DrafterSpec
 from localspec.drafters.suffix import BYTES_PER_TOKEN, SuffixDrafter, SuffixStore, store_dir
 from localspec.engine import Engine, EngineConfig, Request
-from localspec.llama.cost import CostCurve
+from localspec.llama.curve import CostCurve
 from localspec.sampling import SamplingConfig
 from localspec.verify import Verdict
 

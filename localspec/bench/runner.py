@@ -16,7 +16,7 @@ from localspec.bench.ceiling import Corpus, copy_ceiling
 from localspec.bench.workloads import Prompt, Warm
 from localspec.drafters.spec import NONE, DrafterSpec
 from localspec.engine import Engine, Request
-from localspec.llama.cost import CostCurve
+from localspec.llama.curve import CostModel
 from localspec.loop import Iteration
 from localspec.llama.text import chat_tokens
 from localspec.sampling import SamplingConfig
@@ -112,7 +112,7 @@ class Config:
         total = sum(it.seconds for r in self.ok_runs for it in r.iterations)
         return sum(it.forward for r in self.ok_runs for it in r.iterations) / total if total else None
 
-    def projected_tokens_per_s(self, curve: CostCurve) -> float:
+    def projected_tokens_per_s(self, curve: CostModel) -> float:
         """Tokens per second had every target forward cost what `curve` prices its batch at
         its context (another machine's curve, say), with the drafters' forwards as charged
         and the host's time per iteration measured here: the same drafts and acceptance, that
@@ -165,7 +165,7 @@ def near_tie(engine: Engine, prompt: list[int], plain: list[int], other: list[in
         ctx.append(t)
         logits = ctx.logits(0)
     top2 = np.partition(logits, -2)[-2:]
-    return float(abs(top2[1] - top2[0])) <= engine.exactness[0]
+    return float(abs(top2[1] - top2[0])) <= engine.exactness()[0]
 
 
 def warm_documents(engine: Engine, warm: Warm, max_tokens: int, cache: Path | None = None,
@@ -255,7 +255,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], drafters: list[DrafterSpec]
                 store.rollback(mark)
             if greedy:  # copying from what the store held before the turn
                 stored = Corpus.joined(store.native.corpus()) if store is not None else Corpus()
-                plain.runs[-1].ceiling = copy_ceiling(ref, tokens, stored, engine.curve)
+                plain.runs[-1].ceiling = copy_ceiling(ref, tokens, stored, engine.planning.prepare())
             if store is not None:
                 store.add([t for t in ref if not engine.model.is_eog(t)])
             try:

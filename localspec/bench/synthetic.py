@@ -159,7 +159,7 @@ def run_synthetic(engine: Engine, prompts: list[list[int]], rates: Sequence[floa
     k = len(rates)
     if 2 * k + 1 > ctx.config.n_batch or k + 1 > ctx.config.n_seq_max:
         raise LocalspecError(f"a tree of 2×{k} needs n_batch ≥ {2 * k + 1} and {k + 1} sequences")
-    curve = engine.curve
+    curve = engine.planning.prepare()
 
     def once(arm: Arm, prompt: list[int], truth: list[int], r: int) -> list[int]:
         ctx.clear()

@@ -16,14 +16,14 @@ from typing import Callable
 from localspec.drafters.base import Budget, DecayingRatio, Drafter
 from localspec.drafters.loaded import Drafters
 from localspec.drafters.spec import DrafterSpec
-from localspec.llama.cost import CostCurve
+from localspec.llama.curve import CostModel
 from localspec.verify import DraftTree
 
 # What runs an iteration: the drafter, its budget, and its proposal.
 Choice = tuple[Drafter, Budget, DraftTree]
 
 
-def controller_for(spec: DrafterSpec, drafters: Drafters, curve: Callable[[], CostCurve],
+def controller_for(spec: DrafterSpec, drafters: Drafters, curve: Callable[[], CostModel],
                    n_seq_max: int) -> Plain | Fixed | CascadeController:
     """What runs requests with this spec, its drafters built (the ones that cannot be had say
     so here, before `curve` is asked for: measuring it may take seconds)."""
@@ -82,7 +82,7 @@ class CascadeController:
     `sure_at`: text being copied) runs whatever phase Cascade is in, outside its accounting,
     so a request that copies does not wait for a test phase to find out."""
 
-    def __init__(self, members: dict[str, Drafter], curve: CostCurve, n_seq_max: int,
+    def __init__(self, members: dict[str, Drafter], curve: CostModel, n_seq_max: int,
                  cfg: CascadeConfig = CascadeConfig(), sure_at: float = 1.3):
         self.members = members
         self.drafters = tuple(members.values())

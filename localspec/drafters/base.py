@@ -19,7 +19,7 @@ import time
 from typing import Callable
 
 from localspec.llama.context import Context
-from localspec.llama.cost import CostCurve
+from localspec.llama.curve import CostCurve, CostModel
 from localspec.sampling import SamplingConfig
 from localspec.verify import DraftTree, Verdict
 
@@ -29,7 +29,7 @@ class Budget:
     curve (expected tokens per second), or, with `static`, up to max_nodes whatever they cost
     (a static K: the configurations Cascade is measured against)."""
 
-    def __init__(self, curve: CostCurve, n_seq_max: int, max_nodes: int | None = None,
+    def __init__(self, curve: CostModel, n_seq_max: int, max_nodes: int | None = None,
                  static: bool = False):
         self.curve = curve
         self.n_seq_max = n_seq_max

@@ -19,7 +19,7 @@ from localspec.drafters.acceptance_head import HEAD_SAMPLING, AcceptanceHead
 from localspec.drafters.base import Budget, DecayingRatio, Drafter, rerank
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig, common_prefix
-from localspec.llama.cost import CostCurve
+from localspec.llama.curve import CostCurve
 from localspec.errors import LocalspecError
 from localspec.sampling import SamplingConfig, TokenSampler
 from localspec.verify import DraftTree, Verdict

@@ -15,7 +15,7 @@ from localspec.drafters.jakiro_config import JakiroConfig
 from localspec.errors import LocalspecError
 from localspec.llama import gguf
 from localspec.llama.context import common_prefix
-from localspec.llama.cost import CostCurve
+from localspec.llama.curve import CostCurve
 from localspec.llama.model import Model
 from localspec.sampling import SamplingConfig
 from localspec.verify import DraftTree, Verdict

@@ -2,47 +2,48 @@
 curve measured in seconds, then the whole curve measured between requests (a forward per turn
 of the engine's request lock, once it has idled REFINE_IDLE seconds) in a context of its own,
 cached and planned on in place of the coarse one; corrected all along by the loop's forwards
-(LiveCurve), and how far they strayed kept beside it when the engine closes. The engine's
-requests take their turns here too, as the measurement does."""
+(LiveCurve), and how far they strayed kept beside it when the engine closes."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
 from localspec.errors import LocalspecError
 from localspec.llama.context import Context
-from localspec.llama.cost import (LONG_CONTEXT, MAX_BATCH, CostCurve, LiveCurve, cache_path, cost_curve, exactness,
-                                  keep, measure, planning_curve, record_loop)
+from localspec.llama.curve import MAX_BATCH, CostModel
+from localspec.llama.curve_cache import cache_path, keep, record_loop
+from localspec.llama.exactness import exactness, planning_curve
+from localspec.llama.live import LiveCurve
+from localspec.llama.measure import LONG_CONTEXT, cost_curve, measure
 from localspec.progress import Progress
 
 REFINE_IDLE = 1.0  # seconds without a request before the whole curve's measurement goes on
 
 
 class Planning:
-    def __init__(self, ctx: Context, progress: Progress, curve_file: str = "",
-                 flat: bool = False, whole: bool = False, refine: bool = True, strict: bool = False):
-        """`ctx`: the engine's context a curve is measured in and cached for. The rest as
+    def __init__(self, ctx: Context, progress: Progress, lock: threading.Lock, idle: Callable[[], float],
+                 curve_file: str = "", flat: bool = False, whole: bool = False, refine: bool = True,
+                 strict: bool = False):
+        """`ctx`: the engine's context a curve is measured in and cached for. `lock`: the
+        engine's request lock, which the measurement takes turns with, once `idle()` (seconds
+        since the last request ended) says no request has run for REFINE_IDLE. The rest as
         EngineConfig's curve, flat_cost, whole_curve, refine_curve and strict say."""
-        self.ctx, self.progress = ctx, progress
-        self.lock = threading.Lock()  # the engine's requests', which the measurement takes turns with
-        self._owner: int | None = None
-        self.idle_since = time.monotonic()
+        self.ctx, self.progress, self.lock, self.idle = ctx, progress, lock, idle
         self.curve_file, self.flat, self.whole, self.refine = curve_file, flat, whole, refine
         self.strict = strict
-        self._curve: CostCurve | LiveCurve | None = None
+        self._curve: CostModel | None = None
         self._closing = threading.Event()
         self._refiner: threading.Thread | None = None
         self.refining = threading.Event()  # set once the whole curve's measurement has begun
 
-    @property
-    def curve(self) -> CostCurve | LiveCurve:
-        """The cost curve, measured once per model and machine, then corrected by what this
-        engine's forwards cost (flat_cost: a curve held flat; curve_file: the one in that file)."""
+    def prepare(self) -> CostModel:
+        """The cost curve, measured (or read) the first time it is asked, once per model and
+        machine, then corrected by what this engine's forwards cost (flat_cost: a curve held
+        flat; curve_file: the one in that file)."""
         if self._curve is None and self.curve_file:
             self._curve = planning_curve(Path(self.curve_file), self.ctx)
         if self._curve is None:
@@ -50,24 +51,30 @@ class Planning:
             if self.flat:
                 self._curve = replace(curve, seconds=[curve.seconds[0]] * len(curve.seconds), per_context=())
             else:
-                self._curve = LiveCurve(curve)
+                self._curve = live = LiveCurve(curve)
                 if curve.coarse and self.refine:
-                    self._refiner = threading.Thread(target=self._refine, name="localspec-curve", daemon=True)
+                    self._refiner = threading.Thread(target=self._refine, args=(live,), name="localspec-curve",
+                                                     daemon=True)
                     self._refiner.start()
         return self._curve
 
     @property
-    def measured(self) -> bool:
-        """Whether there is a curve to plan on yet (`curve` measures one)."""
-        return self._curve is not None
+    def curve(self) -> CostModel:
+        """The cost curve prepare() made."""
+        if self._curve is None:
+            raise LocalspecError("no cost curve yet: prepare() measures it")
+        return self._curve
 
     @property
+    def measured(self) -> bool:
+        """Whether there is a curve to plan on yet (prepare() measures one)."""
+        return self._curve is not None
+
     def exactness(self) -> tuple[float, int]:
         """How far batched forwards reproduce single tokens here: (the largest logit difference,
         the largest batch that was exact), as the whole cost curve measures it."""
-        curve = self.curve
-        coarse = getattr(curve, "base", curve).coarse
-        return exactness(self.ctx) if coarse else (curve.discrepancy, curve.exact_batch)
+        curve = self.prepare()
+        return exactness(self.ctx) if curve.base.coarse else (curve.discrepancy, curve.exact_batch)
 
     def strict_limits(self, temperature: float) -> tuple[float, int | None]:
         """What verification keeps to under --strict, to be bit-identical to plain decoding:
@@ -77,12 +84,12 @@ class Planning:
             return 0.0, None
         if temperature > 0:
             raise LocalspecError("--strict applies to greedy decoding (temperature 0)")
-        discrepancy, exact_batch = self.exactness
+        discrepancy, exact_batch = self.exactness()
         return (0.0, exact_batch) if exact_batch >= 2 else (discrepancy * 2, None)
 
-    def _refine(self) -> None:
+    def _refine(self, live: LiveCurve) -> None:
         """The whole cost curve, measured in a context of its own between requests, then
-        cached and planned on in place of the coarse one."""
+        cached and planned on by `live` in place of the coarse one."""
         try:
             with self._turn():
                 config = self.ctx.config
@@ -95,28 +102,9 @@ class Planning:
                     ctx.close()
             keep(self.ctx, curve)
             with self.lock:
-                self._curve.rebase(curve)
+                live.rebase(curve)
         except _Closing:
             pass
-
-    @contextlib.contextmanager
-    def request(self) -> Iterator[None]:
-        """The engine's turn for a request: one at a time, and the thread that runs one may not
-        start another."""
-        me = threading.get_ident()
-        if self._owner == me:
-            raise LocalspecError("a request is still running on this engine: finish or close its stream first")
-        with self.lock:
-            self._owner = me
-            try:
-                yield
-            finally:
-                self._owner = None
-                self.idle_since = time.monotonic()
-
-    def idle(self) -> float:
-        """Seconds since the engine's last request ended."""
-        return time.monotonic() - self.idle_since
 
     @contextlib.contextmanager
     def _turn(self, closing: bool = False) -> Iterator[None]:
@@ -142,7 +130,7 @@ class Planning:
         after n_context costs there, so that Cascade measures utility as it would there."""
         if not self.curve_file:
             return None
-        return self.curve.price
+        return self.prepare().price
 
     def close(self) -> None:
         """Stop the measurement under way, if any (after the forward it is in), and keep how

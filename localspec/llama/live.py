@@ -1,0 +1,198 @@
+"""The live cost curve: the measured curve, corrected by what the engine's own forwards cost
+as it runs, and priced in the padded shape each batch runs in after the last forward's."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from localspec.llama.context import padded_shape
+from localspec.llama.curve import CostCurve
+
+CONTEXT_STEP = 32  # LiveCurve keeps a curve per this many tokens of context
+TOLERANCE = 0.01   # ... and recomputes it when a correction moved by more (1%)
+
+SAME, AFTER_ANOTHER = 0, 1  # a forward in the last one's batch shape, or after one of another
+
+
+class LiveCurve:
+    """The measured curve, corrected by what the engine's forwards cost as it runs. A curve
+    measured once can be wrong for good: taken while something else loaded the cores, a
+    single token looked 25% dearer and a batch of 2 1.4 single tokens instead of 1.8, and
+    every draft was sized for a machine that was not there
+    (docs/benchmarks-history.md#a-cost-curve-measured-under-load-and-the-live-curve-2026-11-25).
+    So each verification forward is held against the curve: per batch size, a running mean of
+    log(seconds observed / seconds predicted), shrunk towards 0 while it rests on few
+    forwards, scales that size; sizes not yet seen take their seen neighbours' correction.
+    One forward far from the mean counts as one `step` away from it (a robust mean: a
+    consistent error is still learnt, a step at a time). It is a CostModel, as the CostCurve
+    it corrects is: what plans with it asks `at(n_context)`.
+
+    Where batches are padded to a set of shapes (`shapes`: a GPU), the corrections are kept
+    twice: for forwards in the last forward's shape and for forwards after one of another.
+    A GPU reuses a forward's graph (llama.cpp's, and CUDA's captured one) only while the shape
+    stays: on an H200 a 30B-A3B MoE's single token took 3.5 ms after a single token and 9.4 ms
+    after 16 rows, which took 12.9 ms after 16 rows and 17.9 after a single token. So a
+    batch's price depends on the shape the last forward had, and a smaller batch may stay in
+    that shape, padded up to it, when leaving costs more than staying: leaving pays its own
+    forward after another shape and, the next time that shape comes back, the difference
+    again (pad_to() says which shape a batch of n runs as; at() prices it so). A larger batch
+    pays its forward after another shape alone: what follows it is the next plan's.
+
+    It is asked twice an iteration, and the answer barely moves: a curve is kept per stretch
+    of CONTEXT_STEP tokens of context and last shape, and recomputed only when a correction
+    moved by more than TOLERANCE (in log) since it was made."""
+
+    def __init__(self, base: CostCurve, shrink: float = 4.0, memory: int = 50, step: float = 0.3):
+        # shrink: forwards worth half a correction; memory: the running mean's window in
+        # forwards; step: the furthest one forward moves the mean, in log
+        self.shrink, self.memory, self.step = shrink, memory, step
+        self.shapes: tuple[int, ...] = ()  # the padded shapes (the engine sets its context's)
+        self._own: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}  # _own_shapes()
+        self.rebase(base)
+
+    def rebase(self, base: CostCurve) -> None:
+        """Correct `base` from here on, starting afresh (the whole curve measured in place of
+        the coarse one a model started on)."""
+        self.base = base
+        size = (2, len(base.seconds))  # SAME, AFTER_ANOTHER
+        self.log_ratio = np.zeros(size)
+        self.count = np.zeros(size)
+        self._factors: np.ndarray | None = np.ones(size)
+        self._applied = np.full(size, np.nan)  # the corrections the factors hold
+        self._base: dict[int, np.ndarray] = {}  # base.seconds_at() by stretch of context
+        self._at: dict[tuple[int, int], tuple[CostCurve, np.ndarray]] = {}  # _plan() by stretch of context and last shape
+        self._stray = np.zeros((2, len(base.seconds)))  # per size: forwards, sum of log(seen / base)
+        self.last_shape = 0  # the shape the last forward ran in (0: none, or no shapes)
+
+    def pad_with(self, shapes: tuple[int, ...]) -> None:
+        """Price batches in these padded shapes (a context's) from here on."""
+        if shapes != self.shapes:
+            self.shapes, self.last_shape = shapes, 0
+            self._at.clear()
+
+    def _own_shapes(self, size: int) -> np.ndarray:
+        """Per batch size n (1..size), the index of the shape it is padded to."""
+        key = (size, self.shapes)
+        if key not in self._own:
+            self._own[key] = np.minimum([self.shape(n) for n in range(1, size + 1)], size) - 1
+        return self._own[key]
+
+    def shape(self, n: int) -> int:
+        """The shape a batch of n tokens is padded to (n itself beyond the largest)."""
+        return padded_shape(self.shapes, n)
+
+    def observe(self, n: int, n_context: int, seconds: float) -> None:
+        """A forward of a batch of n rows (padding included) after n_context tokens took
+        `seconds`."""
+        i = min(n, len(self.base.seconds)) - 1
+        if i < 0 or seconds <= 0:
+            return
+        kind = AFTER_ANOTHER if self.shapes and self.last_shape not in (0, n) else SAME
+        self.last_shape = n if self.shapes else 0
+        # One forward may be an outlier (the first of a new batch shape allocates its graph; the
+        # machine hiccups): it moves the mean by at most `step` in log, so one slow batch cannot
+        # price its size out of the drafts that would measure it again.
+        lr, r = float(self.log_ratio[kind, i]), math.log(seconds / float(self._base_at(n_context)[i]))
+        self._stray[0, i] += 1
+        self._stray[1, i] += min(max(r, -3.0), 3.0)  # a hiccup of 20x counts as 20x
+        r = min(max(r, lr - self.step), lr + self.step)
+        count = min(float(self.count[kind, i]) + 1, self.memory)
+        lr += (r - lr) / count
+        self.count[kind, i], self.log_ratio[kind, i] = count, lr
+        if not abs(lr * count / (count + self.shrink) - self._applied[kind, i]) <= TOLERANCE:  # NaN: new
+            self._factors = None
+            self._at.clear()
+
+    def _base_at(self, n_context: int) -> np.ndarray:
+        key = n_context // CONTEXT_STEP
+        if key not in self._base:
+            self._base[key] = self.base.seconds_at(n_context)
+        return self._base[key]
+
+    def factors(self) -> np.ndarray:
+        """Per kind of forward (SAME, AFTER_ANOTHER) and batch size, what the measured curve's
+        seconds are multiplied by. A size one kind has not seen takes the other's correction
+        where that saw it, else its seen neighbours'."""
+        if self._factors is None:
+            shrunk = self.log_ratio * self.count / (self.count + self.shrink)
+            self._applied[self.count > 0] = shrunk[self.count > 0]
+            factors = np.ones_like(shrunk)
+            for kind in (SAME, AFTER_ANOTHER):
+                own, other = self.count[kind] > 0, self.count[1 - kind] > 0
+                known = np.where(own, shrunk[kind], shrunk[1 - kind])
+                seen = np.flatnonzero(own | other)
+                if len(seen):
+                    factors[kind] = np.exp(np.interp(np.arange(len(known)), seen, known[seen]))
+            self._factors = factors
+        return self._factors
+
+    def pad_to(self, n: int, n_context: int) -> int:
+        """The shape a speculating step's batch of n tokens after n_context tokens is best run
+        in after the last forward: its own, or the last forward's where that is larger and
+        staying costs less than leaving (a plain step's is its own: Context.launch). Decided
+        on the same prices at() plans with."""
+        own = self.shape(n)
+        if own < self.last_shape <= len(self.base.seconds) and self._plan(n_context)[1][own - 1]:
+            return self.last_shape
+        return own
+
+    def _choices(self, base: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For each batch size n (1..): the seconds of running it in its own shape, of staying
+        in the last forward's, and whether staying is the cheaper, on the base curve `base`."""
+        f, size, last = self.factors(), len(base), self.last_shape
+        own = self._own_shapes(size)
+        if not last or last > size:
+            return base[own] * f[SAME, own], np.full(size, np.inf), np.zeros(size, bool)
+        i = last - 1
+        # A smaller batch that leaves the last shape pays, besides its own forward after another
+        # shape, what coming back to that shape costs more later (a larger one cannot stay).
+        back = np.where(own < i, base[i] * max(0.0, f[AFTER_ANOTHER, i] - f[SAME, i]), 0.0)
+        leave = np.where(own == i, base[own] * f[SAME, own], base[own] * f[AFTER_ANOTHER, own] + back)
+        stay = np.where(own <= i, base[i] * f[SAME, i], np.inf)
+        return leave, stay, stay <= leave
+
+    def stray(self) -> tuple[int, float, dict[int, float]]:
+        """How far the forwards seen strayed from the base curve: their number, the geometric
+        mean of seen / predicted over all of them, and per batch size seen 4 times or more."""
+        n, total = self._stray
+        if not n.sum():
+            return 0, 1.0, {}
+        by_batch = {int(i) + 1: round(math.exp(total[i] / n[i]), 3) for i in np.flatnonzero(n >= 4)}
+        return int(n.sum()), round(math.exp(total.sum() / n.sum()), 3), by_batch
+
+    def at(self, n_context: int) -> CostCurve:
+        return self._plan(n_context)[0]
+
+    def _plan(self, n_context: int) -> tuple[CostCurve, np.ndarray]:
+        """The curve at n_context after the last forward's shape, and per batch size whether
+        it stays in that shape; kept per stretch of context and last shape."""
+        key = (n_context // CONTEXT_STEP, self.last_shape)
+        plan = self._at.get(key)
+        if plan is None:
+            leave, stay, stays = self._choices(self._base_at(n_context))
+            seconds = np.minimum(leave, stay)
+            curve = replace(self.base, seconds=np.minimum.accumulate(seconds[::-1])[::-1].tolist(),
+                            n_context=n_context)
+            plan = self._at[key] = (curve, stays)
+        return plan
+
+    @property
+    def seconds(self) -> list[float]:
+        return self.at(self.base.n_context).seconds
+
+    def cost(self, n: int) -> float:
+        return self.at(self.base.n_context).cost(n)
+
+    def price(self, n: int, n_context: int) -> float:
+        return self.at(n_context).price(n, n_context)
+
+    @property
+    def discrepancy(self) -> float:
+        return self.base.discrepancy
+
+    @property
+    def exact_batch(self) -> int:
+        return self.base.exact_batch
