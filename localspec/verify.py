@@ -3,11 +3,14 @@ acceptance in native code, and the KV cache left holding exactly the accepted pa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
-from localspec.llama.context import Context
+from localspec import _native
+from localspec.errors import LocalspecError
+from localspec.llama.context import Context, check_status
 from localspec.sampling import TokenSampler
 
 _EMPTY_I = np.zeros(0, np.int32)
@@ -84,28 +87,64 @@ class Verdict:
     seconds: float = 0.0  # the target's forward: in llama_decode and waiting for its outputs
 
 
+class Launched(NamedTuple):
+    """A batch verify.launch started and accept will finish (Context.inflight)."""
+    batch: object          # the native batch (Context.abandon drops it)
+    pending: np.ndarray
+    tree: DraftTree
+    all_pending_rows: bool
+    speculating: bool
+
+
 def launch(ctx: Context, tree: DraftTree, pending: list[int], all_pending_rows: bool = False,
            speculating: bool = False) -> None:
     """Start the target's forward over `pending` (emitted tokens not yet in the KV cache; the
-    last is the tree's root) and the tree, in one llama_decode. Rows: pending tokens first
-    (outputs for the root only, or for all with all_pending_rows), then the tree's nodes. On a
-    GPU it runs on after this returns, while the host does other work. `speculating`: a
-    drafter proposed (the tree may be empty): the batch may keep the last forward's shape."""
-    ctx.launch(pending, tree.tokens, tree.parents, all_pending_rows, stay=speculating)
+    last is the tree's root) and the tree, in one native call (native/step.h: the batch, one
+    sequence per root-to-leaf path, and llama_decode), the GIL released. Rows: pending tokens
+    first (outputs for the root only, or for all with all_pending_rows), then the tree's
+    nodes, then padding up to the context's shape (Context.padded). On a GPU it runs on after
+    this returns, while the host does other work. `speculating`: a drafter proposed (the
+    tree may be empty): the batch may keep the last forward's shape."""
+    if ctx.inflight is not None:
+        raise LocalspecError("a batch is already in flight on this context")
+    n = len(pending) + len(tree)
+    if n > ctx.config.n_batch:
+        raise LocalspecError(f"batch of {n} tokens exceeds n_batch={ctx.config.n_batch}")
+    ctx.check_room(n)
+    pending = np.asarray(pending, np.int32)
+    shape = ctx.padded(n, speculating)
+    batch, status = _native.launch(ctx.ptr, len(ctx.tokens), pending, tree.tokens, tree.parents, all_pending_rows,
+                                   shape, ctx.pad_seq)
+    check_status(status, n)
+    ctx.inflight = Launched(batch, pending, tree, all_pending_rows, speculating)
+    ctx.shape = shape  # the batch's rows, padding included
 
 
 def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler, tie_bound: float = 0.0) -> Verdict:
-    """Accept exactly from the launched forward's outputs, and leave sequence 0 holding the
-    context, the pending tokens and the accepted path up to its first gap. An empty tree is a
-    plain step: the next token drawn from the root's row.
+    """Wait for the launched forward and accept exactly from its outputs in one native call
+    (greedy walk, sibling tests or SpecInfer residuals: native/verify.cpp; `tree`'s q_* are the
+    distributions sampled nodes were drawn from), and leave sequence 0 holding the context,
+    the pending tokens and the accepted path up to its first gap (the one place the KV cache
+    is edited). An empty tree is a plain step: the next token drawn from the root's row.
 
     Why a gap matters: llama.cpp puts new tokens into the lowest free KV cells, and its CPU
     flash attention accumulates in cell order, so a token placed in the hole of a rejected
     node, before cells of earlier positions, would be computed slightly differently from
     plain decoding. Accepted nodes after the first hole are therefore dropped from the
     cache and come back as `pending` in the next decode; the cache stays in position order."""
-    path, accepted, nxt, unsettled, n_cached, seconds = ctx.finish(tree.q_offsets, tree.q_ids, tree.q_probs,
-                                                                   sampler, tie_bound)
+    launched, ctx.inflight = ctx.inflight, None
+    path, nxt, unsettled, n_cached, seconds, device_failed = _native.finish(
+        ctx.ptr, launched.batch, tree.q_offsets, tree.q_ids, tree.q_probs, sampler.sampler, sampler.history,
+        sampler.rng, tie_bound, ctx.rows_from)
+    if device_failed:  # nothing was kept: the same batch again, read on the host
+        ctx.off_device("a verification row")
+        launch(ctx, launched.tree, launched.pending, launched.all_pending_rows, launched.speculating)
+        again = accept(ctx, tree, sampler, tie_bound)
+        return replace(again, seconds=seconds + again.seconds)
+    # (a plain step accepts nothing: numpy's indexing would cost more than its Python)
+    accepted = launched.tree.tokens[path].tolist() if len(path) else []
+    ctx.tokens.extend(launched.pending.tolist())
+    ctx.tokens.extend(accepted[:n_cached])
     return Verdict(path, accepted + ([nxt] if nxt >= 0 else []), unsettled, n_cached, seconds)
 
 

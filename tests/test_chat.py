@@ -118,7 +118,7 @@ def test_an_answer_streams_exactly_what_the_engine_writes_and_is_kept(small_path
 
 def test_escape_stops_the_answer_keeps_it_and_the_next_one_is_a_cold_starts(small_path, tmp_path):
     async def go():
-        app = Recording(config(small_path, tmp_path, max_tokens=1000))
+        app = Recording(config(small_path, tmp_path, max_tokens=300))
         async with app.run_test(size=(100, 30)) as pilot:
             await ready(pilot)
             app.query_one("#prompt").insert("Tell me a very long story about a dragon.")
@@ -130,10 +130,10 @@ def test_escape_stops_the_answer_keeps_it_and_the_next_one_is_a_cold_starts(smal
             await say(pilot, "Give it a title.")
             return stopped, app.store.messages(app.conversation.id)
     stopped, saved = run(go())
-    assert stopped.stopped and stopped.stats["predicted_n"] < 1000 and saved[1].text == stopped.text
+    assert stopped.stopped and stopped.stats["predicted_n"] < 300 and saved[1].text == stopped.text
     assert saved[1].stopped
     history = [{"role": m.role, "content": m.text} for m in saved[:3]]
-    assert saved[3].text == plain(small_path, history, 1000)
+    assert saved[3].text == plain(small_path, history, 300)
 
 
 def test_quit_and_reopen_rename_delete_export(small_path, tmp_path, monkeypatch):

@@ -23,7 +23,7 @@ from localspec.llama.context import ContextConfig
 from localspec.llama.curve import CostCurve
 from localspec.loop import RunOptions, Stats, generate, run
 from localspec.sampling import SamplingConfig, TokenSampler
-from localspec.verify import DraftTree, verify_tree
+from localspec.verify import DraftTree, accept, launch, verify_tree
 
 GREEDY = SamplingConfig(temperature=0)
 N_TOKENS = 128
@@ -197,10 +197,10 @@ def test_padded_batches_change_nothing_but_their_shape(small_model, reference):
             ctx.pad_rule = (lambda n, n_context: max(n, 16)) if on_device else None
             prompt = small_model.tokenize(prompts[0])
             ctx.prefill(prompt)
-            ctx.launch(prompt[-1:], np.array([1, 2], np.int32), np.array([-1, 0], np.int32))
+            two = DraftTree(np.array([1, 2], np.int32), np.array([-1, 0], np.int32), np.ones(2))
+            launch(ctx, two, prompt[-1:])
             assert ctx.seq_pos_max(pad_seq) == len(prompt) + 1 and ctx.shape == 4  # one padding row: 3 became 4
-            empty = DraftTree.empty()
-            ctx.finish(empty.q_offsets, empty.q_ids, empty.q_probs, TokenSampler(GREEDY, prompt))
+            accept(ctx, two, TokenSampler(GREEDY, prompt))
             assert ctx.seq_pos_max(pad_seq) == -1
             for p in prompts:
                 out = speculative(ctx, LookupDrafter(), small_model.tokenize(p), stats=stats)
@@ -237,7 +237,7 @@ def test_stopping_with_a_forward_in_flight_leaves_the_cache_as_handed_out(small_
             steps = run(ctx, Fixed(LookupDrafter(), Budget(FLAT, 8), "lookup"), prompt, GREEDY, N_TOKENS)
             out = prompt + [t for _, it in zip(range(stop_after), steps) for t in it.tokens]
             steps.close()
-            assert ctx._inflight is None and out[:len(ctx.tokens)] == ctx.tokens
+            assert ctx.inflight is None and out[:len(ctx.tokens)] == ctx.tokens
             assert ctx.seq_pos_max(0) == len(ctx.tokens) - 1
             assert all(ctx.seq_pos_max(s) == ctx.seq_pos_max(0) for s in range(1, 8))  # every sequence holds the context
             for t in out[len(ctx.tokens):]:

@@ -93,7 +93,9 @@ class Context:
         self.all_exact = False
         # (prompt length, its last row: logits, or its token id with the argmax on the device)
         self._last: tuple[int, np.ndarray | int] | None = None
-        self._inflight = None  # a launched batch not yet finished (launch, finish)
+        # A launched batch not yet accepted (verify.launch, verify.accept): its native batch
+        # first, then what accepting it needs.
+        self.inflight: tuple | None = None
         self._device: _native.SamplerOnDevice | None = None  # see sample_on_device
         self._device_top_k = 0  # what it runs: 0 the argmax, k a top-k
         self.shapes = sorted(config.shapes)  # the engine may narrow them to its cost curve's
@@ -102,7 +104,7 @@ class Context:
         # the next shape up.
         self.pad_rule: Callable[[int, int], int] | None = None
         self.shape = 0  # the last launched batch's rows, padding included
-        self._pad_seq = config.n_seq_max if config.shapes else -1
+        self.pad_seq = config.n_seq_max if config.shapes else -1
         # The sequences every token the context holds sits in (see context_in_every_sequence).
         self._shared = np.arange(config.n_seq_max if config.context_in_every_sequence else 1, dtype=np.int32)
         self._one = (np.zeros(1, np.int32), np.zeros(1, np.int32), np.array([0, len(self._shared)], np.int32),
@@ -151,57 +153,18 @@ class Context:
         self._decode(np.asarray(tokens, np.int32), np.asarray(pos, np.int32), offsets, flat, out)
 
     def _decode(self, tokens, pos, offsets, flat, out) -> None:
-        if self._inflight is not None:
+        if self.inflight is not None:
             raise LocalspecError("a launched batch is not finished yet")
-        _check_status(_native.decode(self.ptr, tokens, pos, offsets, flat, out), len(tokens))
+        check_status(_native.decode(self.ptr, tokens, pos, offsets, flat, out), len(tokens))
 
-    def launch(self, pending: Sequence[int], tokens: np.ndarray, parents: np.ndarray,
-               all_pending_rows: bool = False, stay: bool = False) -> None:
-        """Start one forward over `pending` (emitted, not yet in the cache; the last is the
-        root) and a draft tree (tokens, parents) in one native call (native/step.h), the GIL
-        released. A GPU computes it after this returns: finish() waits for it. `stay`: the
-        batch may stay in the last forward's shape (pad_rule), as a speculating step's would
-        (a plain step's forward runs in its own: the next is plain too)."""
-        if self._inflight is not None:
-            raise LocalspecError("a batch is already in flight on this context")
-        n = len(pending) + len(tokens)
-        if n > self.config.n_batch:
-            raise LocalspecError(f"batch of {n} tokens exceeds n_batch={self.config.n_batch}")
-        self._check_room(n)
-        pending = np.asarray(pending, np.int32)
-        pad_to = n
-        if self.shapes:
-            pad_to = self.pad_rule(n, len(self.tokens)) if stay and self.pad_rule else padded_shape(self.shapes, n)
-            if pad_to > self.config.n_batch or len(self.tokens) + pad_to > self.n_ctx:
-                pad_to = n
-        batch, status = _native.launch(self.ptr, len(self.tokens), pending, tokens, parents, all_pending_rows,
-                                       pad_to, self._pad_seq)
-        _check_status(status, n)
-        self._inflight = (batch, pending, tokens, parents, all_pending_rows, stay)
-        self.shape = pad_to  # the batch's rows, padding included
-
-    def finish(self, q_offsets: np.ndarray, q_ids: np.ndarray, q_probs: np.ndarray, sampler,
-               tie_bound: float = 0.0) -> tuple[list[int], int, bool, int, float]:
-        """Wait for the launched batch, accept exactly with `sampler` (a TokenSampler; q_*: the
-        distributions sampled nodes were drawn from), and keep in sequence 0 the pending tokens
-        and the accepted path up to its first gap. Returns (accepted nodes, their tokens, the
-        next token, unsettled, nodes cached, seconds in llama_decode and waiting for its
-        outputs)."""
-        batch, pending, tokens, parents, all_pending_rows, stay = self._inflight
-        self._inflight = None
-        path, nxt, unsettled, n_cached, seconds, device_failed = _native.finish(
-            self.ptr, batch, q_offsets, q_ids, q_probs, sampler.sampler, sampler.history, sampler.rng, tie_bound,
-            self.rows_from)
-        if device_failed:  # nothing was kept: the same batch again, read on the host
-            self._off_device("a verification row")
-            self.launch(pending, tokens, parents, all_pending_rows, stay)
-            *verdict, again = self.finish(q_offsets, q_ids, q_probs, sampler, tie_bound)
-            return (*verdict, seconds + again)
-        # (a plain step accepts nothing: numpy's indexing would cost more than its Python)
-        accepted = tokens[path].tolist() if len(path) else []
-        self.tokens.extend(pending.tolist())
-        self.tokens.extend(accepted[:n_cached])
-        return path, accepted, nxt, unsettled, n_cached, seconds
+    def padded(self, n: int, speculating: bool) -> int:
+        """The rows a verification batch of n runs as: its own size where no shapes are set;
+        else the next shape up, or, for a speculating step, what pad_rule says (it may stay in
+        the last forward's shape); never past n_batch or the context's end."""
+        if not self.shapes:
+            return n
+        shape = self.pad_rule(n, len(self.tokens)) if speculating and self.pad_rule else padded_shape(self.shapes, n)
+        return n if shape > self.config.n_batch or len(self.tokens) + shape > self.n_ctx else shape
 
     def sample_on_device(self, top_k: int | None) -> None:
         """Acceptance reads each row from a sampler inside the forward's graph (native/step.h):
@@ -227,7 +190,7 @@ class Context:
         """How verification reads the rows (native rows_from): 0 host, 1 argmax, 2 top-k."""
         return 0 if self._device is None else 2 if self._device_top_k else 1
 
-    def _off_device(self, where: str) -> None:
+    def off_device(self, where: str) -> None:
         """The device handed back no valid token for a row it sampled (a backend's fault, seen
         on CUDA): the request goes on sampling its rows on the host, which reads the same
         logits, so its output does not change; the next request tries the device again."""
@@ -237,16 +200,16 @@ class Context:
 
     def abandon(self) -> None:
         """Drop a launched batch that nobody will finish: the cache holds `tokens` again."""
-        if self._inflight is not None:
-            _native.abandon(self.ptr, self._inflight[0])
-            self._inflight = None
+        if self.inflight is not None:
+            _native.abandon(self.ptr, self.inflight[0])
+            self.inflight = None
 
     def append(self, token: int) -> None:
         """Decode one token at the end of sequence 0, keeping its logits at row 0."""
         t, p, offsets, flat, out = self._one
         t[0] = token
         p[0] = len(self.tokens)
-        self._check_room(1)
+        self.check_room(1)
         self._decode(t, p, offsets, flat, out)
         self.tokens.append(token)
 
@@ -272,7 +235,7 @@ class Context:
         n = len(tokens)
         if n == 0:
             raise LocalspecError("empty prompt")
-        self._check_room(n, fresh=True)
+        self.check_room(n, fresh=True)
         m = common_prefix(self.tokens, tokens)
         if self._last is not None and self._last[0] == n <= m:
             self.truncate(n)  # what was generated after it goes
@@ -285,45 +248,14 @@ class Context:
         # Decoded on top of exact positions, the prompt is exact; on generated ones, only the
         # whole chunks before them are.
         self.n_exact = n if reuse <= base else base
-        first_out = n - max(1, n_outputs)
-        start = reuse
         report = progress if progress is not None and n - reuse > PROGRESS_AFTER else None
-        # A context returning hidden states outputs every row of a batch (llama.cpp's rule),
-        # running the LM head over every prompt token: only chunks with outputs get them.
-        # Which rows a batch outputs cannot change the KV cache.
-        hidden = self.config.embeddings
-        try:
-            while start < n:
-                end = min(n, (start // c + 1) * c)
-                chunk = tokens[start:end]
-                outputs = [p >= first_out for p in range(start, end)]
-                if hidden:
-                    ll.llama_set_embeddings(self.ptr, outputs[-1])
-                self.decode(chunk, range(start, end), outputs=outputs)
-                self.tokens.extend(chunk)
-                if on_outputs and outputs[-1]:
-                    first = max(start, first_out)
-                    on_outputs(first, list(range(first - start, end - start)))
-                start = end
-                if report:
-                    report(end - reuse, n - reuse)
-        finally:
-            if hidden:
-                ll.llama_set_embeddings(self.ptr, True)
-        row = len(chunk) - 1
-        if self._device is None:
-            last = self.logits(row).copy()
-        elif self._device_top_k:  # (ids, logits) of its best candidates
-            last = _native.sampled_candidates(self.ptr, row)
-            last = last if len(last[0]) else None
-        else:
-            last = _native.sampled_token(self.ptr, row)
-            last = last if last >= 0 else None
+        last_chunk = decode_chunks(self, tokens, reuse, n - max(1, n_outputs), on_outputs, report)
+        last = read_row(self, last_chunk - 1)
         if last is not None:
             self._last = (n, last)
         else:  # the last chunk again, its rows read on the host (its outputs were handed out)
-            self._off_device("the prompt's last row")
-            self.truncate(n - len(chunk))
+            self.off_device("the prompt's last row")
+            self.truncate(n - last_chunk)
             self.prefill(tokens, n_outputs)
             if not np.isfinite(self._last[1]).all():  # CUDA's argmax gives -1 for a row of NaN
                 print("localspec: the prompt's last row has logits that are not finite (NaN or inf in "
@@ -341,7 +273,7 @@ class Context:
         """Decode `tokens` at the end of sequence 0, in chunks of n_batch; returns the batch
         row holding the logits of the last one. The last `n_outputs` tokens of the last chunk
         keep their outputs (logits, hidden states) at rows len(chunk) - n_outputs ..."""
-        self._check_room(len(tokens))
+        self.check_room(len(tokens))
         step = self.config.n_batch
         row = 0
         for start in range(0, len(tokens), step):
@@ -353,7 +285,7 @@ class Context:
             row = len(chunk) - 1
         return row
 
-    def _check_room(self, n_new: int, fresh: bool = False) -> None:
+    def check_room(self, n_new: int, fresh: bool = False) -> None:
         n = n_new + (0 if fresh else len(self.tokens))
         if n > self.n_ctx:
             raise LocalspecError(f"context full: {n} tokens > n_ctx={self.n_ctx} (raise --ctx)")
@@ -419,7 +351,52 @@ class Context:
             raise LocalspecError(f"cannot remove positions [{p0}, {p1}) of sequence {seq}")
 
 
-def _check_status(status: int, n_tokens: int) -> None:
+def decode_chunks(ctx: Context, tokens: Sequence[int], start: int, first_out: int,
+                  on_outputs: Callable[[int, list[int]], None] | None,
+                  report: Callable[[int, int], None] | None) -> int:
+    """Decode tokens[start:] into sequence 0 in chunks that start at multiples of ctx.chunk
+    (Context.prefill says why), positions from first_out on with their outputs (handed to
+    on_outputs after each chunk); returns the last chunk's length."""
+    n, c = len(tokens), ctx.chunk
+    # A context returning hidden states outputs every row of a batch (llama.cpp's rule),
+    # running the LM head over every prompt token: only chunks with outputs get them.
+    # Which rows a batch outputs cannot change the KV cache.
+    hidden, begun = ctx.config.embeddings, start
+    try:
+        while start < n:
+            end = min(n, (start // c + 1) * c)
+            chunk = tokens[start:end]
+            outputs = [p >= first_out for p in range(start, end)]
+            if hidden:
+                ll.llama_set_embeddings(ctx.ptr, outputs[-1])
+            ctx.decode(chunk, range(start, end), outputs=outputs)
+            ctx.tokens.extend(chunk)
+            if on_outputs and outputs[-1]:
+                first = max(start, first_out)
+                on_outputs(first, list(range(first - start, end - start)))
+            start = end
+            if report:
+                report(end - begun, n - begun)
+    finally:
+        if hidden:
+            ll.llama_set_embeddings(ctx.ptr, True)
+    return len(chunk)
+
+
+def read_row(ctx: Context, row: int) -> np.ndarray | tuple[np.ndarray, np.ndarray] | int | None:
+    """What the last decode left at `row`: a copy of its logits, or, with a sampler on the
+    device, its token id or its best candidates' (ids, logits); None where the device
+    handed back nothing valid."""
+    if ctx._device is None:
+        return ctx.logits(row).copy()
+    if ctx._device_top_k:
+        candidates = _native.sampled_candidates(ctx.ptr, row)
+        return candidates if len(candidates[0]) else None
+    token = _native.sampled_token(ctx.ptr, row)
+    return token if token >= 0 else None
+
+
+def check_status(status: int, n_tokens: int) -> None:
     if status != 0:
         why = {1: "no KV-cache slot (context full?)", 2: "aborted"}.get(status, "failed")
         raise LocalspecError(f"llama_decode {why} (status {status}, {n_tokens} tokens)")

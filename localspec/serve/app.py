@@ -110,10 +110,10 @@ class Guard:
 
 
 def create_app(worker: Worker, cfg: ServeConfig = ServeConfig()) -> FastAPI:
+    """The server over the engine `worker` runs: llama-server's endpoints (for editors) and
+    OpenAI's, errors in llama-server's shape, the key and size checks in front (Guard)."""
     app = FastAPI(title="localspec", version=__version__, docs_url=None, redoc_url=None)
     app.state.worker = worker
-
-    # --- errors, keys, limits ------------------------------------------------------------------
 
     @app.exception_handler(APIError)
     async def api_error(_, e: APIError):
@@ -130,13 +130,21 @@ def create_app(worker: Worker, cfg: ServeConfig = ServeConfig()) -> FastAPI:
         return error(e.status_code, "File Not Found" if e.status_code == 404 else str(e.detail))
 
     app.add_middleware(Guard, worker=worker, cfg=cfg)
+    add_small_routes(app, worker)
+    add_llama_routes(app, worker, cfg)
+    add_openai_routes(app, worker)
+    return app
 
-    def engine() -> Engine:
-        if worker.engine is None:
-            raise APIError(503, worker.error or "Loading model")
-        return worker.engine
 
-    # --- the small endpoints ---------------------------------------------------------------
+def engine_of(worker: Worker) -> Engine:
+    """The worker's engine, or a 503 with why there is none (loading, or it failed)."""
+    if worker.engine is None:
+        raise APIError(503, worker.error or "Loading model")
+    return worker.engine
+
+
+def add_small_routes(app: FastAPI, worker: Worker) -> None:
+    """Health, properties, models, tokenizing."""
 
     @app.get("/health")
     @app.get("/v1/health")
@@ -147,7 +155,7 @@ def create_app(worker: Worker, cfg: ServeConfig = ServeConfig()) -> FastAPI:
 
     @app.get("/props")
     async def props():
-        e = engine()
+        e = engine_of(worker)
         return JSON({"default_generation_settings": {"n_ctx": e.ctx.n_ctx, "params": defaults(e)},
                      "total_slots": 1, "model_alias": model_name(e), "model_path": e.model.path.name,
                      "chat_template": e.model.chat_template or "", "modalities": {"vision": False, "audio": False},
@@ -166,7 +174,7 @@ def create_app(worker: Worker, cfg: ServeConfig = ServeConfig()) -> FastAPI:
 
     @app.post("/tokenize")
     async def tokenize(body: schema.TokenizeBody):
-        m = engine().model
+        m = engine_of(worker).model
         tokens = m.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)
         if not body.with_pieces:
             return JSON({"tokens": tokens})
@@ -181,24 +189,26 @@ def create_app(worker: Worker, cfg: ServeConfig = ServeConfig()) -> FastAPI:
 
     @app.post("/detokenize")
     async def detokenize(body: schema.DetokenizeBody):
-        m = engine().model
+        m = engine_of(worker).model
         bad = [t for t in body.tokens if t >= m.n_vocab]
         if bad:
             raise APIError(400, f"token id {bad[0]} is outside the vocabulary ({m.n_vocab} tokens)")
         return JSON({"content": m.detokenize(body.tokens, special=True)})
 
-    # --- llama-server's completion and infill -----------------------------------------------
+
+def add_llama_routes(app: FastAPI, worker: Worker, cfg: ServeConfig) -> None:
+    """llama-server's completion and infill, in its request and answer shapes."""
 
     @app.post("/completion")
     @app.post("/completions")
     async def completion(body: schema.CompletionBody, http: HTTPRequest):
-        e = engine()
+        e = engine_of(worker)
         tokens = e.model.tokenize(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
-        return await native(e, tokens, body, http, default_temperature=0.8)
+        return await llama_answer(worker, e, tokens, body, http, default_temperature=0.8)
 
     @app.post("/infill")
     async def infill(body: schema.InfillBody, http: HTTPRequest):
-        e = engine()
+        e = engine_of(worker)
         missing = missing_fim_tokens(e.model)
         if missing:
             raise APIError(501, f"Infill is not supported by this model: {missing}")
@@ -206,112 +216,118 @@ def create_app(worker: Worker, cfg: ServeConfig = ServeConfig()) -> FastAPI:
         tokens = infill_tokens(e.model, body.input_prefix, body.input_suffix, body.prompt, extra,
                                cfg.infill_batch, e.ctx.n_ctx, cfg.infill_predict)
         # Editors want the model's most likely completion: greedy unless asked otherwise.
-        return await native(e, tokens, body, http, default_temperature=0.0)
+        return await llama_answer(worker, e, tokens, body, http, default_temperature=0.0)
 
-    async def native(e: Engine, tokens: list[int], body: schema.Options, http: HTTPRequest,
-                     default_temperature: float):
-        check_prompt(e, tokens)
-        request = make_request(e, tokens, body, body.n_predict, default_temperature)
-        limits = Limits(body.n_indent, body.t_max_predict_ms)
-        job = worker.submit(run_request(request, limits, warm=body.n_predict == 0))
-        settings = {**defaults(e), **sampling_json(request.sampling), "n_predict": body.n_predict or -1,
-                    "n_ctx": e.ctx.n_ctx, "stream": body.stream, "stop": list(request.stop),
-                    "speculative": str(request.drafter or e.cfg.drafter)}
 
-        def final(text: str, done: Done | None) -> dict:
-            stats = done.stats if done else Stats()
-            reason, word = stop_type(done, limits)
-            res = {"index": 0, "content": text, "tokens": [], "id_slot": 0, "stop": True,
-                   "model": model_name(e), "tokens_predicted": stats.predicted_n,
-                   "tokens_evaluated": len(tokens), "generation_settings": settings,
-                   "prompt": "", "has_new_line": "\n" in text, "truncated": False,
-                   "stop_type": reason, "stopping_word": word, "tokens_cached": done.cached if done else 0,
-                   "timings": timings(stats)}
-            return pick(res, body.response_fields)
+async def llama_answer(worker: Worker, e: Engine, tokens: list[int], body: schema.Options, http: HTTPRequest,
+                       default_temperature: float):
+    """Run a llama-server request: one JSON body, or SSE chunks then the final one."""
+    check_prompt(e, tokens)
+    request = make_request(e, tokens, body, body.n_predict, default_temperature)
+    limits = Limits(body.n_indent, body.t_max_predict_ms)
+    job = worker.submit(run_request(request, limits, warm=body.n_predict == 0))
+    settings = {**defaults(e), **sampling_json(request.sampling), "n_predict": body.n_predict or -1,
+                "n_ctx": e.ctx.n_ctx, "stream": body.stream, "stop": list(request.stop),
+                "speculative": str(request.drafter or e.cfg.drafter)}
 
-        if body.stream:
-            async def events():
-                async for event in follow(job, http):
-                    if isinstance(event, Done):
-                        yield final("", event)
-                    elif event.text:
-                        yield {"index": 0, "content": event.text, "tokens": [], "stop": False, "id_slot": 0,
-                               "tokens_predicted": 0, "tokens_evaluated": len(tokens)}
-            return sse(events())
-        text, done = await gather(job, http)
-        return JSON(final(text, done))
+    def final(text: str, done: Done | None) -> dict:
+        stats = done.stats if done else Stats()
+        reason, word = stop_type(done, limits)
+        res = {"index": 0, "content": text, "tokens": [], "id_slot": 0, "stop": True,
+               "model": model_name(e), "tokens_predicted": stats.predicted_n,
+               "tokens_evaluated": len(tokens), "generation_settings": settings,
+               "prompt": "", "has_new_line": "\n" in text, "truncated": False,
+               "stop_type": reason, "stopping_word": word, "tokens_cached": done.cached if done else 0,
+               "timings": timings(stats)}
+        return pick(res, body.response_fields)
 
-    # --- OpenAI's ---------------------------------------------------------------------------
+    if body.stream:
+        async def events():
+            async for event in follow(job, http):
+                if isinstance(event, Done):
+                    yield final("", event)
+                elif event.text:
+                    yield {"index": 0, "content": event.text, "tokens": [], "stop": False, "id_slot": 0,
+                           "tokens_predicted": 0, "tokens_evaluated": len(tokens)}
+        return sse(events())
+    text, done = await gather(job, http)
+    return JSON(final(text, done))
+
+
+def add_openai_routes(app: FastAPI, worker: Worker) -> None:
+    """OpenAI's chat and text completions."""
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat(body: schema.ChatBody, http: HTTPRequest):
-        e = engine()
+        e = engine_of(worker)
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                     for m in body.messages]
         try:
             tokens = e.prompt_tokens(Request(messages=messages))
         except LocalspecError as x:
             raise APIError(400, str(x)) from None
-        return await openai(e, tokens, body, http, chat=True)
+        return await openai_answer(worker, e, tokens, body, http, chat=True)
 
     @app.post("/v1/completions")
     async def openai_completion(body: schema.OpenAICompletionBody, http: HTTPRequest):
-        e = engine()
+        e = engine_of(worker)
         tokens = e.model.tokenize(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
-        return await openai(e, tokens, body, http, chat=False)
+        return await openai_answer(worker, e, tokens, body, http, chat=False)
 
-    async def openai(e: Engine, tokens: list[int], body: schema.OpenAIOptions, http: HTTPRequest, chat: bool):
-        check_prompt(e, tokens)
-        request = make_request(e, tokens, body, body.limit(), default_temperature=0.8)
-        job = worker.submit(run_request(request, Limits(body.n_indent, body.t_max_predict_ms), warm=False))
-        ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        common = {"created": int(time.time()), "model": model_name(e), "system_fingerprint": f"localspec-{__version__}",
-                  "id": ident}
-        kind = "chat.completion" if chat else "text_completion"
 
-        def usage(stats: Stats) -> dict:
-            return {"completion_tokens": stats.predicted_n, "prompt_tokens": len(tokens),
-                    "total_tokens": stats.predicted_n + len(tokens)}
+async def openai_answer(worker: Worker, e: Engine, tokens: list[int], body: schema.OpenAIOptions,
+                        http: HTTPRequest, chat: bool):
+    """Run an OpenAI request: one JSON body, or SSE chunks (the role first, the usage where
+    asked) then [DONE]."""
+    check_prompt(e, tokens)
+    request = make_request(e, tokens, body, body.limit(), default_temperature=0.8)
+    job = worker.submit(run_request(request, Limits(body.n_indent, body.t_max_predict_ms), warm=False))
+    ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    common = {"created": int(time.time()), "model": model_name(e), "system_fingerprint": f"localspec-{__version__}",
+              "id": ident}
+    kind = "chat.completion" if chat else "text_completion"
 
-        def choice(text: str | None, finish: str | None, final: bool = False) -> dict:
-            if not chat:
-                return {"text": text or "", "index": 0, "logprobs": None, "finish_reason": finish}
-            if final and not body.stream:
-                return {"finish_reason": finish, "index": 0, "message": {"role": "assistant", "content": text}}
-            delta = {} if text is None else {"content": text}
-            return {"finish_reason": finish, "index": 0, "delta": delta}
+    def usage(stats: Stats) -> dict:
+        return {"completion_tokens": stats.predicted_n, "prompt_tokens": len(tokens),
+                "total_tokens": stats.predicted_n + len(tokens)}
 
-        if body.stream:
-            async def events():
-                if chat:  # the role first, with empty content (not null)
-                    yield {"choices": [{"finish_reason": None, "index": 0,
-                                        "delta": {"role": "assistant", "content": ""}}],
-                           **common, "object": "chat.completion.chunk"}
-                async for event in follow(job, http):
-                    if isinstance(event, Done):
-                        stats = event.stats
-                        last = {"choices": [choice(None if chat else "", finish_reason(event))], **common,
-                                "object": kind + ".chunk" if chat else kind}
-                        include = body.stream_options is not None and body.stream_options.include_usage
-                        if not chat or not include:
-                            last |= {"usage": usage(stats)} if not chat else {}
-                            yield last | {"timings": timings(stats)}
-                        else:
-                            yield last
-                            yield {"choices": [], **common, "object": kind + ".chunk",
-                                   "usage": usage(stats), "timings": timings(stats)}
-                    elif event.text:
-                        yield {"choices": [choice(event.text, None)], **common,
-                               "object": kind + ".chunk" if chat else kind}
-                yield "[DONE]"
-            return sse(events())
-        text, done = await gather(job, http)
-        stats = done.stats if done else Stats()
-        return JSON({"choices": [choice(text, finish_reason(done), final=True)], **common, "object": kind,
-                     "usage": usage(stats), "timings": timings(stats)})
+    def choice(text: str | None, finish: str | None, final: bool = False) -> dict:
+        if not chat:
+            return {"text": text or "", "index": 0, "logprobs": None, "finish_reason": finish}
+        if final and not body.stream:
+            return {"finish_reason": finish, "index": 0, "message": {"role": "assistant", "content": text}}
+        delta = {} if text is None else {"content": text}
+        return {"finish_reason": finish, "index": 0, "delta": delta}
 
-    return app
+    if body.stream:
+        async def events():
+            if chat:  # the role first, with empty content (not null)
+                yield {"choices": [{"finish_reason": None, "index": 0,
+                                    "delta": {"role": "assistant", "content": ""}}],
+                       **common, "object": "chat.completion.chunk"}
+            async for event in follow(job, http):
+                if isinstance(event, Done):
+                    stats = event.stats
+                    last = {"choices": [choice(None if chat else "", finish_reason(event))], **common,
+                            "object": kind + ".chunk" if chat else kind}
+                    include = body.stream_options is not None and body.stream_options.include_usage
+                    if not chat or not include:
+                        last |= {"usage": usage(stats)} if not chat else {}
+                        yield last | {"timings": timings(stats)}
+                    else:
+                        yield last
+                        yield {"choices": [], **common, "object": kind + ".chunk",
+                               "usage": usage(stats), "timings": timings(stats)}
+                elif event.text:
+                    yield {"choices": [choice(event.text, None)], **common,
+                           "object": kind + ".chunk" if chat else kind}
+            yield "[DONE]"
+        return sse(events())
+    text, done = await gather(job, http)
+    stats = done.stats if done else Stats()
+    return JSON({"choices": [choice(text, finish_reason(done), final=True)], **common, "object": kind,
+                 "usage": usage(stats), "timings": timings(stats)})
 
 
 # --- requests to the engine --------------------------------------------------------------------
