@@ -179,6 +179,35 @@ def load_model(cfg: EngineConfig, progress: Progress, loads: collections.Counter
     return model
 
 
+class RequestLock:
+    """One request at a time on an engine, which the cost curve's measurement takes turns with
+    between requests (Planning gets the lock and idle()). An object of its own: what the
+    engine's parts hold is no reference back to the engine (see Engine.__init__)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.owner: int | None = None  # the thread whose request holds it
+        self.idle_since = time.monotonic()
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        """A request's turn; the thread that runs one may not start another."""
+        me = threading.get_ident()
+        if self.owner == me:
+            raise LocalspecError("a request is still running on this engine: finish or close its stream first")
+        with self.lock:
+            self.owner = me
+            try:
+                yield
+            finally:
+                self.owner = None
+                self.idle_since = time.monotonic()
+
+    def idle(self) -> float:
+        """Seconds since the last request ended."""
+        return time.monotonic() - self.idle_since
+
+
 class Engine:
     def __init__(self, cfg: EngineConfig = EngineConfig(), progress: Progress | None = None,
                  log: LogHandler | None = None, notice: Notice = notice_on_stderr):
@@ -211,11 +240,9 @@ class Engine:
         self.ctx = self.slots.contexts[0]  # the slot the last request ran in
         self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, load, self.loads, ledger,
                                  notice)
-        self._lock = threading.Lock()  # one request at a time; the curve's measurement takes turns with them
-        self._owner: int | None = None  # the thread whose request holds it
-        self._idle_since = time.monotonic()
-        self.planning = Planning(self.ctx, self.progress, self._lock, self._idle, cfg.curve, cfg.flat_cost,
-                                 cfg.whole_curve, cfg.refine_curve, cfg.strict)
+        self._requests = RequestLock()
+        self.planning = Planning(self.ctx, self.progress, self._requests.lock, self._requests.idle, cfg.curve,
+                                 cfg.flat_cost, cfg.whole_curve, cfg.refine_curve, cfg.strict)
         self._cascades: dict[DrafterSpec, Controller] = {}  # auto's keep what they learnt
         if cfg.strict and (exact_batch := self.exactness()[1]) >= 2:
             for ctx in self.slots.contexts:  # prompts too in batches that reproduce single tokens
@@ -241,7 +268,7 @@ class Engine:
         """Load, build and measure what requests with `spec` (the engine's drafter by default)
         need, now rather than inside the first of them."""
         spec = spec or self.cfg.drafter
-        with self._request():
+        with self._requests.turn():
             self.controller(spec)
             if spec.kind != "none":
                 curve = self.planning.prepare()
@@ -271,7 +298,7 @@ class Engine:
     def prefill(self, request: Request) -> Done:
         """Only put the request's prompt in the cache (an editor's warm-up): what generate
         would reuse next, computed as it would compute it."""
-        with self._request():
+        with self._requests.turn():
             tokens, stats, t0 = self.prompt_tokens(request), Stats(), time.perf_counter()
             self.ctx = self.slots.pick(tokens)
             stats.cache_n, _ = self.ctx.prefill(tokens, progress=self._reading)
@@ -284,7 +311,7 @@ class Engine:
         """Run `request`: Delta events as text is written (never part of a stop string, never
         half a character), then one Done. `cancel` set, or the stream closed, ends it after
         the iteration under way; the cache is left consistent either way."""
-        with self._request():
+        with self._requests.turn():
             yield from self._generate(request, cancel or threading.Event(), on_iteration)
 
     def _generate(self, request: Request, cancel: threading.Event, on_iteration) -> Iterator[Delta | Done]:
@@ -330,25 +357,6 @@ class Engine:
                 yield Delta(rest, 0, 0, controller.arm, iterations=0)
         self.drafters.learn([t for t in generated if not self.model.is_eog(t)])
         yield Done(reason, text.text, generated, stats, text.matched, len(ctx.tokens))
-
-    @contextlib.contextmanager
-    def _request(self) -> Iterator[None]:
-        """The engine's turn for a request: one at a time, and the thread that runs one may not
-        start another."""
-        me = threading.get_ident()
-        if self._owner == me:
-            raise LocalspecError("a request is still running on this engine: finish or close its stream first")
-        with self._lock:
-            self._owner = me
-            try:
-                yield
-            finally:
-                self._owner = None
-                self._idle_since = time.monotonic()
-
-    def _idle(self) -> float:
-        """Seconds since the engine's last request ended."""
-        return time.monotonic() - self._idle_since
 
     def _reading(self, done: int, total: int) -> None:
         self.progress("reading the prompt", done, total)

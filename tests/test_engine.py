@@ -515,3 +515,25 @@ def test_a_new_model_starts_on_a_quick_curve_and_measures_the_whole_one_between_
     engine.close()  # closes mid-measurement: the measuring thread ends with it, the curve not kept
     assert not engine.planning._refiner.is_alive() and engine.curve.base.coarse
     assert json.loads(cache_path(engine.ctx).read_text())["coarse"]
+
+
+def test_an_engine_nothing_closes_is_freed_without_the_collector(small_path):
+    """A script that never closes its engine frees it with the script's globals: nothing the
+    engine's parts hold refers back to it (a cycle leaves it to the interpreter's last
+    collection, where a native runtime's teardown crashed the process: seen with a bound
+    method of the engine handed to its planning)."""
+    import gc
+    import weakref
+
+    from localspec.drafters.spec import DrafterSpec
+    from localspec.engine import Engine, EngineConfig, Request
+
+    engine = Engine(EngineConfig(model=str(small_path), threads=1, n_ctx=512, store="off", drafter=DrafterSpec("lookup")))
+    list(engine.generate(Request(prompt="1, 2, 3,", sampling=SamplingConfig(temperature=0.0), max_tokens=8)))
+    alive = weakref.ref(engine)
+    gc.disable()
+    try:
+        del engine
+        assert alive() is None
+    finally:
+        gc.enable()
