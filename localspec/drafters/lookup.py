@@ -80,10 +80,10 @@ class MatchAcceptance:
         # (parent, token), nodes with children, node reached, depth reached, proposals waited].
         self._open: list[list] = []
 
-    def rates(self) -> np.ndarray:
-        """[bucket, depth bin]: the chance the text follows a draft at that depth once it came
-        that far."""
-        return (self.followed + self.WEIGHT * self.prior) / (self.reached + self.WEIGHT)
+    def rates(self, bucket: int | slice = slice(None)) -> np.ndarray:
+        """[bucket, depth bin] (one bucket's row where given): the chance the text follows a
+        draft at that depth once it came that far."""
+        return (self.followed[bucket] + self.WEIGHT * self.prior[bucket]) / (self.reached[bucket] + self.WEIGHT)
 
     def rate(self, match_length: int, depth: int) -> float:
         return float(self.rates()[self._bucket(match_length), self.bin_of[min(depth, 64) - 1]])
@@ -136,7 +136,7 @@ class MatchAcceptance:
         bucket = self._bucket(n_match)
         tree = DraftTree(tokens, parents, np.zeros(len(tokens)))
         depths = tree.depths()
-        along = np.cumprod(self.rates()[bucket, self.bin_of[:int(depths.max())]])
+        along = np.cumprod(self.rates(bucket)[self.bin_of[:int(depths.max())]])  # one row: every proposal
         tree.reach = counts / n_occurrences * along[depths - 1]
         parent_list = parents.tolist()
         children = {(p, t): i for i, (p, t) in enumerate(zip(parent_list, tokens.tolist()))}
