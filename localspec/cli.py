@@ -68,9 +68,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--curve", metavar="FILE", default="",
                    help="plan drafts with this cost curve (JSON as `localspec cost` caches it, "
                         "another machine's say) instead of this machine's")
-    p.add_argument("--draft-curve", metavar="FILE", default="",
-                   help="with --curve: price the drafters' own forwards (a draft model's, "
-                        "Jakiro's) on this curve, as they would run on that machine")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -123,7 +120,7 @@ def engine_config(a: argparse.Namespace, drafters: list[DrafterSpec]):
     from localspec.engine import EngineConfig
     default = next((d for d in drafters if d.kind == "auto"), drafters[0])
     return EngineConfig(a.model, a.ctx, a.threads, a.gpu_layers, a.flash_attn, strict=a.strict,
-                        flat_cost=a.flat_cost, curve=a.curve, draft_curve=a.draft_curve, drafter=default,
+                        flat_cost=a.flat_cost, curve=a.curve, drafter=default,
                         sample_on_device=a.sample_on == "device", shapes=a.shapes,
                         features=any(d.uses_features for d in drafters) or None, rpc=a.rpc)
 
@@ -415,10 +412,10 @@ def cmd_bench(a: argparse.Namespace) -> None:
     from localspec.bench import anchors as anchor_mod
     from localspec.bench import report, workloads
     from localspec.bench.runner import run_bench, warm_documents
-    from localspec.drafters.suffix import StoreSetting
-    from localspec.engine import Engine
-    from localspec.progress import StderrProgress, progress_bar
+    from localspec.progress import progress_bar
 
+    if a.draft_curve and not a.curve:
+        raise LocalspecError("--draft-curve prices the drafters beside the target's --curve: give both")
     if a.synthetic:
         return bench_synthetic(a)
     specs = a.drafter or [DrafterSpec("auto")]
@@ -430,10 +427,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
     if a.trace and not traced:
         raise LocalspecError("--trace draws Cascade's choices: add --drafter auto")
     prompts, warm = workloads.load_warm(cfg.workload, cfg.limit)
-    # The bench's suffix store is its own, in memory: the user's stays as it was, and every
-    # configuration starts each turn from the same store.
-    engine = Engine(replace(pulled_config(a, list(specs)), store=StoreSetting("memory"), whole_curve=True),
-                    progress=StderrProgress())
+    engine, projection = bench_engine(a, specs)
     sampling = sampling_config(a)
     for spec in specs:
         engine.controller(spec)  # load drafters (and fail on bad ones) before timing anything
@@ -461,15 +455,8 @@ def cmd_bench(a: argparse.Namespace) -> None:
     finally:
         for anchor in anchors:
             anchor.close()
-    title = (f"{engine.model.path.stem} · {cfg.workload} × {len(prompts)} · {cfg.max_tokens} tokens"
-             f" · T={sampling.temperature}" + (f" · median of {cfg.repeat}" if cfg.repeat > 1 else "")
-             + (" · flat cost" if a.flat_cost else "")
-             + (" · strict" if a.strict else ""))
-    projected_on = engine.planning.prepare() if a.curve else None
-    if projected_on is not None:
-        title += (f"\nprojected: every forward priced on the curve in {a.curve} (its batch at its "
-                  "context), " + (f"the drafters' forwards on {a.draft_curve}, " if a.draft_curve else "")
-                  + "plus the host time measured here; tokens/s and speedup are this machine's")
+    title = bench_title(a, cfg, engine.model.path.stem, len(prompts), sampling.temperature)
+    projected_on = projection.target if projection else None
     print(f"\n{title}\n\n{report.table(configs, projected_on)}")
     ceiling = report.ceiling_line(configs)
     if ceiling:
@@ -488,6 +475,38 @@ def cmd_bench(a: argparse.Namespace) -> None:
         report.trace_chart(trace, f"{traced.label} · {title}", Path(a.trace))
         print(f"trace: {a.trace}")
     engine.close()
+
+
+def bench_engine(a: argparse.Namespace, specs: list[DrafterSpec]):
+    """The bench's engine, and with --curve its projection onto that machine. The bench's
+    suffix store is its own, in memory: the user's stays as it was, and every configuration
+    starts each turn from the same store."""
+    from pathlib import Path
+
+    from localspec.bench.pricing import Projection
+    from localspec.drafters.suffix import StoreSetting
+    from localspec.engine import Engine
+    from localspec.llama.curve import read_curve
+    from localspec.progress import StderrProgress
+
+    projection = Projection(read_curve(Path(a.draft_curve)).price if a.draft_curve else None) if a.curve else None
+    engine = Engine(replace(pulled_config(a, list(specs)), store=StoreSetting("memory"), whole_curve=True),
+                    progress=StderrProgress(), draft_clock=projection and projection.clock,
+                    heard=projection and projection.heard)
+    if projection:
+        projection.target = engine.planning.prepare()  # the --curve the engine plans on
+    return engine, projection
+
+
+def bench_title(a: argparse.Namespace, cfg, model: str, n_prompts: int, temperature: float) -> str:
+    title = (f"{model} · {cfg.workload} × {n_prompts} · {cfg.max_tokens} tokens · T={temperature}"
+             + (f" · median of {cfg.repeat}" if cfg.repeat > 1 else "")
+             + (" · flat cost" if a.flat_cost else "") + (" · strict" if a.strict else ""))
+    if a.curve:
+        title += (f"\nprojected: every forward priced on the curve in {a.curve} (its batch at its "
+                  "context), " + (f"the drafters' forwards on {a.draft_curve}, " if a.draft_curve else "")
+                  + "plus the host time measured here; tokens/s and speedup are this machine's")
+    return title
 
 
 def _mb(n: int | None) -> str:
@@ -542,6 +561,9 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="speed and exactness of drafters against plain decoding")
     add_engine_args(b)
     add_sampling_args(b)
+    b.add_argument("--draft-curve", metavar="FILE", default="",
+                   help="with --curve: price the drafters' own forwards (a draft model's, "
+                        "Jakiro's) on this curve, as they would run on that machine")
     b.add_argument("--workload", default="humaneval",
                    help="humaneval | code-edit | sharegpt (evaluation tail) | sharegpt-train | mix | "
                    "fim (an editor's fill-in-the-middle, in installed packages' code) | "

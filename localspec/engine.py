@@ -18,14 +18,14 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from localspec import store
 from localspec.control.controllers import controller_for
-from localspec.drafters.base import Ledger
+from localspec.drafters.base import DraftClock
 from localspec.drafters.loaded import Drafters, needs_features
 from localspec.drafters.spec import AUTO, DrafterSpec
 from localspec.drafters.suffix import StoreSetting
 from localspec.errors import LocalspecError
 from localspec.llama import Model
 from localspec.llama.context import ContextConfig, default_threads
-from localspec.llama.curve import POWERS_OF_TWO, CostModel, read_curve, stable_shapes
+from localspec.llama.curve import POWERS_OF_TWO, CostModel, stable_shapes
 from localspec.llama.live import LiveCurve
 from localspec.llama.model import LogHandler, set_log_handler
 from localspec.llama.placement import ALL_LAYERS, gpus, layers_that_fit, where
@@ -57,9 +57,6 @@ class EngineConfig:
     # A cost curve file (the JSON `localspec cost` caches, another machine's say) to plan with
     # instead of this machine's; held as it is, not corrected by this machine's forwards.
     curve: str = ""
-    # With `curve`: a cost curve file the drafters' own forwards (a draft model's, Jakiro's
-    # layer) are priced on, as they would run on that machine (empty: what they take here).
-    draft_curve: str = ""
     drafter: DrafterSpec = AUTO  # what requests that name none run
     # The target's hidden states, for feature drafters (Jakiro); None: when `drafter` may
     # run one (auto does when a Jakiro drafter ships for the target).
@@ -210,18 +207,19 @@ class RequestLock:
 
 class Engine:
     def __init__(self, cfg: EngineConfig = EngineConfig(), progress: Progress | None = None,
-                 log: LogHandler | None = None, notice: Notice = notice_on_stderr):
+                 log: LogHandler | None = None, notice: Notice = notice_on_stderr,
+                 draft_clock: DraftClock | None = None, heard: Callable[[Iteration], float] | None = None):
         """`progress` hears about loading and measuring; `log` receives llama.cpp's log
         (process-wide: the last engine made sets it); `notice` what the user should know
-        that nothing waits on (a store left alone, the draft model auto found)."""
+        that nothing waits on (a store left alone, the draft model auto found). `draft_clock`
+        times the drafters' own forwards and `heard` says what Cascade hears an iteration
+        took (RunOptions.heard): a bench's projection onto another machine sets both."""
         if log is not None:
             set_log_handler(log)
         self.cfg = cfg
         self.progress = progress or (lambda what, done, total: None)
         self.loads: collections.Counter[str] = collections.Counter()  # model files loaded
-        if cfg.draft_curve and not cfg.curve:
-            raise LocalspecError("--draft-curve prices the drafters beside the target's --curve: give both")
-        ledger = Ledger(read_curve(Path(cfg.draft_curve)).price if cfg.draft_curve else None)
+        self.heard = heard
         path = store.resolve(cfg.model)
         # What the engine's parts hold of it is no reference back to it (load is no bound
         # method): an engine a script never closes is freed with its script's globals, before
@@ -238,7 +236,7 @@ class Engine:
                                embeddings=features, sample_on_device=cfg.sample_on_device, shapes=shapes)
         self.slots = Slots(self.model, config, cfg.slots)
         self.ctx = self.slots.contexts[0]  # the slot the last request ran in
-        self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, load, self.loads, ledger,
+        self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, load, self.loads, draft_clock or DraftClock(),
                                  notice)
         self._requests = RequestLock()
         self.planning = Planning(self.ctx, self.progress, self._requests.lock, self._requests.idle, cfg.curve,
@@ -335,7 +333,7 @@ class Engine:
             live.pad_with(tuple(ctx.shapes))
         options = RunOptions(stop_at_eog=not request.ignore_eog, tie_bound=tie_bound, max_batch=max_batch,
                              progress=self._reading, on_forward=None if plain else curve.observe,
-                             price=self.planning.price(), ledger=self.drafters.ledger)
+                             draft_clock=self.drafters.clock, heard=self.heard)
         steps = run(ctx, controller, tokens, request.sampling, request.max_tokens, stats, options)
         with contextlib.closing(steps):
             while reason is None and (it := None if cancel.is_set() else next(steps, None)) is not None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Protocol, Sequence
 
 from localspec.control.controllers import Plain
-from localspec.drafters.base import Budget, Drafter, Ledger
+from localspec.drafters.base import Budget, DraftClock, Drafter
 from localspec.llama.context import Context
 from localspec.sampling import SamplingConfig, TokenSampler
 from localspec.verify import DraftTree, Verdict, accept, launch
@@ -113,7 +113,9 @@ class Iteration:
     tree: DraftTree      # what was verified (empty: a plain step)
     forward_seconds: float = 0.0  # of `seconds`, the target's forwards
     draft_seconds: float = 0.0    # ... and the drafter's own (the rest is the host's)
-    draft_charged: float = 0.0    # what those are charged (Ledger: priced on another curve)
+    draft_ahead: float = 0.0      # seconds the drafters' clock ran ahead while drafting it
+    batch: int = 1                # tokens its forward verified: the pending ones, then the tree
+    n_past: int = 0               # tokens in the cache before its forward
     n_verified_accepted: int = 0  # draft tokens verification accepted (n_accepted before the
     #                               request's end cut what was emitted)
 
@@ -139,11 +141,11 @@ class RunOptions:
     # Hears what each verification forward cost: its rows (padding included), context before
     # it, seconds (LiveCurve.observe).
     on_forward: Callable[[int, int, float], None] | None = None
-    # Batch size, context -> seconds on another machine's curve: the controller hears each
-    # iteration's time with its forward priced so, as if it ran there.
-    price: Callable[[int, int], float] | None = None
-    # Where the drafters book their own forwards: the controller hears them as charged there.
-    ledger: Ledger | None = None
+    # What times the drafters' own forwards (the engine's): an iteration reports their share.
+    draft_clock: DraftClock | None = None
+    # What the controller hears an iteration took, where not its seconds and the time its
+    # drafters' clock ran ahead (a bench projecting another machine: bench/pricing.py).
+    heard: Callable[[Iteration], float] | None = None
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ class Flight:
     n_past: int                 # tokens in the cache before the forward
     n_pending: int              # emitted tokens the forward puts in the cache before the tree
     draft_seconds: float = 0.0  # the drafter's own forwards while proposing
-    draft_charged: float = 0.0  # ... as the ledger charges them
+    draft_ahead: float = 0.0    # ... and how far the drafters' clock ran ahead meanwhile
 
 
 def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: SamplingConfig,
@@ -191,7 +193,7 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
             return None
         room = min(max_tokens - n_out - 1, ctx.n_ctx - len(ctx.tokens) - len(pending) - 1,
                    (options.max_batch or ctx.n_ctx) - len(pending))
-        return launch_flight(ctx, controller, pending, room, options.ledger, bool(followers))
+        return launch_flight(ctx, controller, pending, room, options.draft_clock, bool(followers))
 
     # The next iteration's forward is launched before this one is handed out: on a GPU the
     # device computes it while the caller turns this one into text and events.
@@ -210,10 +212,12 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
                              drafter=flight.drafter.name if flight.drafter else None, tokens=emitted[:n_emitted],
                              n_accepted=min(len(verdict.path), n_emitted), n_drafted=len(flight.tree),
                              seconds=t_end - t_iter, tree=flight.tree, forward_seconds=forward,
-                             draft_seconds=flight.draft_seconds, draft_charged=flight.draft_charged,
-                             n_verified_accepted=len(verdict.path))
+                             draft_seconds=flight.draft_seconds, draft_ahead=flight.draft_ahead,
+                             n_verified_accepted=len(verdict.path), batch=flight.n_pending + len(flight.tree),
+                             n_past=flight.n_past)
             t_iter = t_end
-            controller.record(n_emitted, priced(done, flight, options.price), len(flight.tree), len(verdict.path))
+            heard = options.heard(done) if options.heard else done.seconds + done.draft_ahead
+            controller.record(n_emitted, heard, len(flight.tree), len(verdict.path))
             n_out += n_emitted
             stats.add(done, 1 + settled, settled)
             flight = launch_next(done.tokens[-1])
@@ -239,11 +243,11 @@ def commit_features(ctx: Context, followers: list[Drafter], first_pos: int, rows
         d.commit(ctx, first_pos, rows)
 
 
-def launch_flight(ctx: Context, controller: Controller, pending: list[int], room: int, ledger: Ledger | None,
+def launch_flight(ctx: Context, controller: Controller, pending: list[int], room: int, clock: DraftClock | None,
                   all_pending_rows: bool) -> Flight:
     """Choose, draft and size the next iteration's tree (within `room` nodes) and start its
     forward over the pending tokens and the tree."""
-    booked = (ledger.measured, ledger.charged) if ledger else (0.0, 0.0)
+    before = (clock.measured, clock.ahead) if clock else (0.0, 0.0)
     n_past = len(ctx.tokens)
     choice = controller.choose(ctx.tokens + pending, room)
     tree, drafter = DraftTree.empty(), None
@@ -251,7 +255,7 @@ def launch_flight(ctx: Context, controller: Controller, pending: list[int], room
         drafter, budget, proposal = choice
         tree = budget.size(proposal)
     launch(ctx, tree, pending, all_pending_rows, speculating=choice is not None)
-    drafted = (ledger.measured - booked[0], ledger.charged - booked[1]) if ledger else (0.0, 0.0)
+    drafted = (clock.measured - before[0], clock.ahead - before[1]) if clock else (0.0, 0.0)
     return Flight(tree, drafter, controller.arm, controller.phase, n_past, len(pending), *drafted)
 
 
@@ -281,15 +285,6 @@ def land(ctx: Context, flight: Flight, sampler: TokenSampler, options: RunOption
 def ends(ctx: Context, options: RunOptions, token: int, n_out: int, max_tokens: int) -> bool:
     """Does the request end with `token`, its n_out-th?"""
     return n_out >= max_tokens or (options.stop_at_eog and ctx.model.is_eog(token))
-
-
-def priced(it: Iteration, flight: Flight, price: Callable[[int, int], float] | None) -> float:
-    """The iteration's seconds as the controller hears them: the drafter's forwards as
-    charged, and with `price` the target's forward as it costs on another machine's curve."""
-    seconds = it.seconds - it.draft_seconds + it.draft_charged
-    if price is not None:
-        seconds += price(flight.n_pending + len(flight.tree), flight.n_past) - it.forward_seconds
-    return seconds
 
 
 # The most candidates a row hands back from the device: beyond it, the full row costs little more.

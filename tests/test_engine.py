@@ -1,6 +1,7 @@
 """llama.cpp's model and context on real models: decoding exactly like llama.cpp."""
 
 import ctypes
+import functools
 from dataclasses import replace
 import time
 from pathlib import Path
@@ -440,7 +441,7 @@ def test_layers_that_fit_a_gpu(qwen_path, monkeypatch):
 
 
 @pytest.mark.unit
-def test_a_curve_from_another_machine_as_json_or_as_the_printed_table(tmp_path):
+def test_a_curve_from_another_machine_as_json_or_as_the_printed_table(tmp_path, capsys):
     """`--curve FILE` takes the JSON `localspec cost` caches or the table it prints; anything
     else is one line."""
     from localspec.errors import LocalspecError
@@ -463,11 +464,12 @@ def test_a_curve_from_another_machine_as_json_or_as_the_printed_table(tmp_path):
                 Path(__file__).parent / "conftest.py"):
         with pytest.raises(LocalspecError, match="not a cost curve"):
             read_curve(bad)
-    from localspec.engine import Engine, EngineConfig
-    with pytest.raises(LocalspecError, match="give both"):  # before any model loads
-        Engine(EngineConfig(model=str(tmp_path / "missing.gguf"), draft_curve=str(table)))
-    with pytest.raises(LocalspecError, match="not a cost curve"):
-        Engine(EngineConfig(model=str(tmp_path / "missing.gguf"), curve=str(table), draft_curve=str(tmp_path / "bad.json")))
+    from localspec.cli import main
+    missing = str(tmp_path / "missing.gguf")  # the bench refuses before any model loads
+    assert main(["bench", "-m", missing, "--draft-curve", str(table)]) == 1
+    assert "give both" in capsys.readouterr().err
+    assert main(["bench", "-m", missing, "--curve", str(table), "--draft-curve", str(tmp_path / "bad.json")]) == 1
+    assert "not a cost curve" in capsys.readouterr().err
 
 
 def test_a_new_model_starts_on_a_quick_curve_and_measures_the_whole_one_between_requests(
@@ -481,7 +483,12 @@ def test_a_new_model_starts_on_a_quick_curve_and_measures_the_whole_one_between_
     from localspec.engine import Engine, EngineConfig, Request
     from localspec.llama.curve_cache import cache_path
 
+    from localspec.llama import planning
+    from localspec.llama.measure import measure
+
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    # The whole measurement, each size timed fewer times: its steps and turns are the same.
+    monkeypatch.setattr(planning, "measure", functools.partial(measure, repeats=2))
     config = EngineConfig(model=str(small_path), n_ctx=512, threads=2, drafter=DrafterSpec("lookup"),
                           refine_curve=True)
     request = Request(prompt="Count from 1 to 40: 1, 2, 3,", sampling=SamplingConfig(temperature=0.0), max_tokens=24)

@@ -9,12 +9,14 @@ positions or cache bookkeeping would break."""
 
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
 
+from localspec.bench.pricing import Projection
 from localspec.control.controllers import Fixed
-from localspec.drafters.base import Budget, Ledger
+from localspec.drafters.base import Budget
 from localspec.drafters.draft_model import DraftModelDrafter, draft_context
 from localspec.drafters.lookup import LookupDrafter
 from localspec.errors import LocalspecError
@@ -353,9 +355,9 @@ def test_qwen_greedy_differs_only_at_measured_ties_and_strict_is_identical(qwen_
                 assert engine.exactness()[0] > 0
             for prompt in PROMPTS[:2]:  # two: the 0.5B is the suite's slowest model
                 tokens = engine.model.tokenize(prompt)
-                ref, _ = run_ours(engine, tokens, NONE, 96, GREEDY)
+                ref, _ = run_ours(engine, tokens, NONE, 64, GREEDY)
                 for drafter in ("lookup", "suffix"):
-                    spec, _ = run_ours(engine, tokens, DrafterSpec(drafter), 96, GREEDY)
+                    spec, _ = run_ours(engine, tokens, DrafterSpec(drafter), 64, GREEDY)
                     if strict:
                         assert spec == ref, (drafter, prompt)
                     elif spec != ref:
@@ -374,40 +376,45 @@ def test_on_another_machines_curve_the_controller_hears_its_prices(small_model):
         def record(self, tokens, seconds, drafted, accepted):
             heard.append(seconds)
 
+    projection = Projection()
+    projection.target = types.SimpleNamespace(price=lambda n, n_context: 10.0 + n)
     prompt = small_model.tokenize(PROMPTS[0])
     with Context(small_model, ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=2)) as ctx:
         its = list(run(ctx, Hearing(LookupDrafter(), Budget(FLAT, 8), "lookup"), prompt, GREEDY, 32,
-                       options=RunOptions(price=lambda n, n_context: 10.0 + n)))
+                       options=RunOptions(heard=projection.heard)))
     its = its[1:]  # the prompt's
     assert len(heard) == len(its) > 0
     for it, s in zip(its, heard):
         assert it.seconds < 5  # this machine's
+        assert it.batch == 1 + len(it.tree)
         assert s == pytest.approx(10.0 + 1 + len(it.tree) + it.seconds - it.forward_seconds)
 
 
-def test_a_draft_models_forwards_are_charged_on_the_draft_curve(target, small_path):
-    """bench --draft-curve: the draft model's forwards are booked in the ledger and charged at
-    the draft curve's price; the controller hears them so, the iterations keep both, the host
-    time leaves them out, and the drafter plans with the charged seconds per token (here 2 s,
-    where they take milliseconds: it stops drafting once it has measured that)."""
+def test_a_draft_models_forwards_are_priced_on_the_draft_curve(target, small_path):
+    """bench --draft-curve: the draft model's forwards are timed on the projection's clock,
+    which counts each at the draft curve's price and runs ahead by the difference; the
+    controller hears them so, the iterations keep both, the host time leaves them out, and
+    the drafter plans with the priced seconds per token (here 2 s, where they take
+    milliseconds: it stops drafting once it has measured that)."""
     heard = []
 
     class Hearing(Fixed):
         def record(self, tokens, seconds, drafted, accepted):
             heard.append(seconds)
 
-    ledger = Ledger(lambda n, n_context: 1.0 + n)
+    projection = Projection(lambda n, n_context: 1.0 + n)
+    projection.target = types.SimpleNamespace(price=lambda n, n_context: 10.0 + n)
     with Model(small_path) as dm, draft_context(dm, 2048, 1) as dctx:
         drafter = DraftModelDrafter(dctx, target.model)
-        drafter.ledger = ledger
+        drafter.clock = projection.clock
         its = list(run(target, Hearing(drafter, Budget(FLAT, 8), "draft"), target.model.tokenize(PROMPTS[0]),
-                       GREEDY, 16, options=RunOptions(price=lambda n, n_context: 10.0 + n, ledger=ledger)))[1:]
-    drafted = [it for it in its if it.draft_charged]
+                       GREEDY, 16, options=RunOptions(draft_clock=projection.clock, heard=projection.heard)))[1:]
+    drafted = [it for it in its if it.draft_ahead]
     assert drafted and drafted[0].n_drafted > 1  # the first proposal drafts on a guessed t_token
     for it, s in zip(its, heard):
-        assert it.draft_charged >= 2 * (it.draft_charged > 0) and it.draft_seconds < 1
-        # heard: the forward priced, the drafter's forwards charged, the rest as measured
-        assert s == pytest.approx(10.0 + 1 + len(it.tree) + it.seconds - it.forward_seconds - it.draft_seconds
-                                  + it.draft_charged)
+        priced = it.draft_seconds + it.draft_ahead  # 2 s a forward of one token
+        assert priced >= 2 * (priced > 0.5) and it.draft_seconds < 1
+        # heard: the forward priced, the drafter's forwards priced, the rest as measured
+        assert s == pytest.approx(10.0 + it.batch + it.seconds - it.forward_seconds + it.draft_ahead)
     assert drafter.t_token >= 2.0
     assert not any(it.n_drafted for it in its[len(drafted):]) and len(drafted) < len(its)

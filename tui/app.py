@@ -8,23 +8,18 @@ conversation and saves them as they come (at least every second)."""
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from textual import on, work
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.message import Message as TextualMessage
-from textual.screen import Screen
 from textual.widgets import Footer, OptionList
 from textual.widgets.option_list import Option
 
-from localspec import pull as model_pull
-from localspec import store as model_store
 from localspec.drafters.spec import DrafterSpec
 from localspec.engine import Delta, Done, Engine, EngineConfig, Reason, Request, coalesce
 from localspec.errors import LocalspecError
@@ -32,8 +27,9 @@ from localspec.llama.text import chat_tokens
 from localspec.paths import data_dir
 from localspec.sampling import SamplingConfig
 from localspec.worker import END, Job, Worker
-from tui.screens import (ConfirmScreen, KeysScreen, ModelScreen, ProgressScreen, Settings,
-                         SettingsScreen, TextScreen)
+from tui.commands import ChatCommands
+from tui.loading import EngineLoading
+from tui.screens import ProgressScreen
 from tui.store import Conversation, Message, Store
 from tui.widgets import MessageView, PromptArea, StatusLine, format_stats
 
@@ -50,26 +46,6 @@ class ChatConfig:
     db: Path | None = None   # None: chats.db in localspec's data directory
     log: Path | None = None  # llama.cpp's log; None: chat.log beside the database
     max_tokens: int = 1024   # per answer
-
-
-class Progress(TextualMessage):
-    def __init__(self, what: str, done: float, total: float):
-        super().__init__()
-        self.what, self.done, self.total = what, done, total
-
-
-class Notice(TextualMessage):
-    """A line the engine says that nothing waits on (a store left alone, a drafter found)."""
-
-    def __init__(self, text: str):
-        super().__init__()
-        self.text = text
-
-
-class Loaded(TextualMessage):
-    def __init__(self, engine: Engine | None, error: str | None = None):
-        super().__init__()
-        self.engine, self.error = engine, error
 
 
 @dataclass
@@ -96,7 +72,7 @@ class Live:
                 f"from drafts · {self.arm} · writing (Esc stops)")
 
 
-class ChatApp(App):
+class ChatApp(EngineLoading, ChatCommands, App):
     CSS_PATH = Path(__file__).with_name("chat.tcss")  # absolute: subclasses live elsewhere
     TITLE = "localspec chat"
     AUTO_FOCUS = "#prompt"
@@ -181,65 +157,6 @@ class ChatApp(App):
     def status(self, text: str) -> None:
         self.query_one("#status", StatusLine).update(text)
 
-    # --- the engine ----------------------------------------------------------------------
-
-    def _load(self, model: str, pull: bool = False) -> None:
-        """Close the engine there is, and make one for `model` on a new engine thread (pulling
-        the model first if asked), its progress shown; Loaded comes when it is ready."""
-        if self.worker is not None:
-            self.worker.close()
-        self.engine = None
-        if self._log is None:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(self.log_path, "a", buffering=1)
-
-        def load() -> Engine:
-            progress = lambda *a: self.post_message(Progress(*a))  # noqa: E731
-            if pull:
-                model_pull.resolve(model, progress=progress)
-            engine = Engine(replace(self.cfg.engine, model=model), progress=progress,
-                            log=lambda level, text: self._log.write(text),
-                            notice=lambda text: self.post_message(Notice(text)))
-            engine.prepare()  # drafters and the cost curve, with their progress shown
-            return engine
-        self.worker = Worker(load)
-        self._wait_loaded(self.worker)
-
-    @work(exclusive=True, group="load")
-    async def _wait_loaded(self, worker: Worker) -> None:
-        job = worker.submit(lambda engine, cancel: [engine])  # runs once the engine is made
-        item = await job.out.get()
-        self.post_message(Loaded(None, str(item)) if isinstance(item, Exception) else Loaded(item))
-
-    def on_progress(self, m: Progress) -> None:
-        if self._progress is not None:
-            self._progress.report(m.what, m.done, m.total)
-        elif m.total:
-            self.status(f"{m.what} {m.done / m.total:.0%}")
-
-    def on_notice(self, m: Notice) -> None:
-        self.notify(m.text, severity="warning", timeout=10, markup=False)
-
-    def on_loaded(self, m: Loaded) -> None:
-        self.loading = False
-        self.sub_title = m.engine.model.path.stem if m.engine else ""
-        if self._progress is not None:
-            self._progress.dismiss()
-            self._progress = None
-        fallback, self._fallback = self._fallback, None
-        if m.engine is None and fallback:
-            self.notify(f"{m.error} — back to {Path(fallback).stem}.", severity="error", timeout=20, markup=False)
-            self.loading = True
-            self._load(fallback)
-            return
-        if m.engine is None:
-            self.notify(f"{m.error} — F7 chooses another model.", severity="error", timeout=20, markup=False)
-            self.status("no model loaded")
-            return
-        self.engine = m.engine
-        self.model_name = m.engine.cfg.model
-        self.status(f"{m.engine.where} · Ctrl+P: commands · F1: keys")  # until an answer's numbers
-
     def idle_status(self) -> None:
         """The model, and the last answer's numbers (or where to start)."""
         last = None
@@ -313,7 +230,7 @@ class ChatApp(App):
         c = self.conversation
         messages = ([{"role": "system", "content": c.system_prompt}] if c.system_prompt else []) + \
             [{"role": m.role, "content": m.text} for m in self.store.messages(c.id)]
-        messages, dropped = self.fit(messages)
+        messages, dropped = fit(self.engine, messages)
         if dropped:
             self.notify(f"The conversation is longer than the context: its {dropped} oldest "
                         "messages are left out of this answer.", severity="warning")
@@ -332,21 +249,6 @@ class ChatApp(App):
         self._saved_at = time.monotonic()
         self.status(f"{self.engine.model.path.stem}: reading the conversation …")
         self._answer(request)
-
-    def fit(self, messages: list[dict]) -> tuple[list[dict], int]:
-        """The messages whose prompt fits the context with room for an answer: the oldest turns
-        go first, the system prompt stays."""
-        system = [m for m in messages if m["role"] == "system"]
-        turns = [m for m in messages if m["role"] != "system"]
-        dropped = 0
-        limit = self.engine.ctx.n_ctx - min(RESERVE, self.engine.ctx.n_ctx // 4)
-        while len(turns) > 1 and len(chat_tokens(self.engine.model, system + turns)) > limit:
-            turns = turns[1:]
-            dropped += 1
-            while len(turns) > 1 and turns[0]["role"] != "user":  # a chat starts with the user
-                turns = turns[1:]
-                dropped += 1
-        return system + turns, dropped
 
     @work(exclusive=True, group="answer")
     async def _answer(self, request: Request) -> None:
@@ -405,70 +307,6 @@ class ChatApp(App):
         self.idle_status()
         self.query_one("#prompt").focus()
 
-    def action_toggle_list(self) -> None:
-        options = self.query_one("#conversations")
-        options.display = not options.display
-        self.store.set_setting("list", "shown" if options.display else "hidden")
-
-    async def action_toggle_highlight(self) -> None:
-        self.highlight = not self.highlight
-        for view in self.query(MessageView):
-            await view.set_highlight(self.highlight)
-        self.notify("Drafted text coloured by drafter: lookup green, draft model yellow, Jakiro "
-                    "accent" if self.highlight else "Drafted text shown plain")
-
-    def action_toggle_stats(self) -> None:
-        self.query_one("#messages").toggle_class("show-stats")
-
-    def action_keys(self) -> None:
-        self.push_screen(KeysScreen())
-
-    def action_rename(self) -> None:
-        if self.conversation is None:
-            return
-
-        def done(title: str | None) -> None:
-            if title:
-                self.conversation.title = title
-                self.store.update_conversation(self.conversation)
-                self.sub_title = title
-                self.refresh_list()
-        self.push_screen(TextScreen("Rename the conversation", self.conversation.title), done)
-
-    def action_delete(self) -> None:
-        if self.conversation is None or self.answer is not None:
-            return
-
-        async def done(yes: bool | None) -> None:
-            if yes:
-                self.store.delete_conversation(self.conversation.id)
-                await self.action_new_conversation()
-                self.refresh_list()
-                self.notify("Conversation deleted.")
-        self.push_screen(ConfirmScreen(f"Delete “{self.conversation.title}”?"), done)
-
-    def action_export(self) -> None:
-        if self.conversation is None:
-            return
-        c = self.conversation
-        slug = re.sub(r"[^a-z0-9]+", "-", (c.title or "conversation").lower()).strip("-")[:40] or "conversation"
-        path = Path.cwd() / f"{slug}.md"
-        n = 1
-        while path.exists():
-            n += 1
-            path = Path.cwd() / f"{slug}-{n}.md"
-        path.write_text(export_markdown(c, self.store.messages(c.id)))
-        self.notify(f"Exported to {path}", markup=False)
-
-    def action_copy_code(self) -> None:
-        views = [v for v in self.query(MessageView) if v.role == "assistant"]
-        blocks = re.findall(r"```[^\n]*\n(.*?)```", views[-1].text, re.S) if views else []
-        if not blocks:
-            self.notify("No code block in the last answer.", severity="warning")
-            return
-        self.copy_to_clipboard(blocks[-1])
-        self.notify(f"Copied the last code block ({len(blocks[-1].splitlines())} lines).")
-
     async def action_regenerate(self) -> None:
         if self.answer is not None or self.engine is None or self.conversation is None:
             return
@@ -478,64 +316,6 @@ class ChatApp(App):
         self.store.delete_message(messages[-1].id)
         await list(self.query(MessageView))[-1].remove()
         await self.ask()
-
-    def action_settings(self) -> None:
-        c = self.current_conversation()
-
-        def done(s: Settings | None) -> None:
-            if s is not None:
-                c.system_prompt, c.drafter = s.system_prompt, s.drafter
-                c.sampling = {"temperature": s.temperature, "seed": s.seed}
-                self.store.update_conversation(c)
-                self.notify("Settings saved for this conversation.")
-                self._prepare(s.drafter)
-        current = Settings(c.system_prompt, c.sampling.get("temperature", 0.0), c.sampling.get("seed"), c.drafter)
-        self.push_screen(SettingsScreen(current, DrafterSpec.parse), done)
-
-    @work(exclusive=True, group="prepare")
-    async def _prepare(self, drafter: str) -> None:
-        """Build the drafter the conversation now names before its next message (which waits
-        behind this in the engine's queue), and say in one line if it cannot be had."""
-        job = self.worker.submit(lambda engine, cancel: engine.prepare(DrafterSpec.parse(drafter)) or [])
-        item = await job.out.get()
-        if isinstance(item, Exception):
-            self.notify(f"drafter {drafter}: {item}", severity="error")
-
-    def action_switch_model(self) -> None:
-        if self.answer is not None:
-            return
-
-        def done(name: str | None) -> None:
-            if name:
-                self.switch_model(name)
-        self.push_screen(ModelScreen(model_store.listing(), Path(self.model_name).stem), done)
-
-    def switch_model(self, name: str) -> None:
-        """Load `name` (pulled first if it must be) in place of the model there is; if it
-        cannot be loaded, the model there was is loaded again."""
-        self.loading = True
-        self._progress = ProgressScreen()
-        self.push_screen(self._progress)
-        self._fallback = self.model_name if self.engine is not None else None
-        self._load(name, pull=True)
-
-    def get_system_commands(self, screen: Screen):
-        yield from super().get_system_commands(screen)
-        for title, help_text, action in [
-            ("New conversation", "Start an empty conversation (Ctrl+N)", self.action_new_conversation),
-            ("Rename conversation", "Give this conversation another title (F2)", self.action_rename),
-            ("Delete conversation", "Delete this conversation, after asking (F8)", self.action_delete),
-            ("Export as Markdown", "Write this conversation to a .md file here (F9)", self.action_export),
-            ("Settings", "System prompt, temperature, seed and drafter (F6)", self.action_settings),
-            ("Switch model", "Load another model, downloading it if needed (F7)", self.action_switch_model),
-            ("Regenerate", "Write the last answer again (F5)", self.action_regenerate),
-            ("Copy code block", "Copy the last answer's last code block (F4)", self.action_copy_code),
-            ("Colour drafted text", "Show which text came from accepted drafts (Ctrl+T)",
-             self.action_toggle_highlight),
-            ("Answer statistics", "Show each answer's numbers (F3)", self.action_toggle_stats),
-            ("Conversation list", "Show or hide it (Ctrl+B)", self.action_toggle_list),
-        ]:
-            yield SystemCommand(title, help_text, action)
 
     def on_unmount(self) -> None:
         if self._job is not None:
@@ -549,15 +329,20 @@ class ChatApp(App):
             self.store.close()
 
 
-def export_markdown(c: Conversation, messages: list[Message]) -> str:
-    lines = [f"# {c.title or 'Conversation'}", "", f"*{c.model}*", ""]
-    if c.system_prompt:
-        lines += ["**System:**", "", c.system_prompt, ""]
-    for m in messages:
-        lines += [f"**{'You' if m.role == 'user' else 'Assistant'}:**", "", m.text, ""]
-        if m.stopped:
-            lines += ["*(stopped)*", ""]
-    return "\n".join(lines)
+def fit(engine: Engine, messages: list[dict]) -> tuple[list[dict], int]:
+    """The messages whose prompt fits the engine's context with room for an answer: the oldest
+    turns go first, the system prompt stays. Returns them and how many were left out."""
+    system = [m for m in messages if m["role"] == "system"]
+    turns = [m for m in messages if m["role"] != "system"]
+    dropped = 0
+    limit = engine.ctx.n_ctx - min(RESERVE, engine.ctx.n_ctx // 4)
+    while len(turns) > 1 and len(chat_tokens(engine.model, system + turns)) > limit:
+        turns = turns[1:]
+        dropped += 1
+        while len(turns) > 1 and turns[0]["role"] != "user":  # a chat starts with the user
+            turns = turns[1:]
+            dropped += 1
+    return system + turns, dropped
 
 
 def run(cfg: ChatConfig) -> None:

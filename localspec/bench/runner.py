@@ -30,7 +30,7 @@ class Step(NamedTuple):
     forward: float   # of them, the target's forward
     host: float      # ... and the host's (loop.Iteration.host_seconds)
     context: int     # tokens in the cache before its forward
-    draft_charged: float  # the drafter's own forwards, as charged (here, or on a draft curve)
+    draft: float     # the drafters' own forwards, on their clock (here, or on a draft curve)
 
 
 @dataclass
@@ -114,10 +114,10 @@ class Config:
 
     def projected_tokens_per_s(self, curve: CostModel) -> float:
         """Tokens per second had every target forward cost what `curve` prices its batch at
-        its context (another machine's curve, say), with the drafters' forwards as charged
+        its context (another machine's curve, say), with the drafters' forwards on their clock
         and the host's time per iteration measured here: the same drafts and acceptance, that
         machine's forwards."""
-        seconds = sum(curve.price(it.batch, it.context) + it.host + it.draft_charged
+        seconds = sum(curve.price(it.batch, it.context) + it.host + it.draft
                       for r in self.ok_runs for it in r.iterations)
         return self.total("n_timed") / seconds if seconds else 0.0
 
@@ -137,13 +137,11 @@ def run_ours(engine: Engine, tokens: list[int], drafter: DrafterSpec, max_tokens
     engine.ctx.clear()  # every configuration starts cold: no prefix cache between them
     request = Request(prompt=tokens, sampling=sampling, max_tokens=max_tokens, drafter=drafter)
     iterations: list[Step] = []
-    n_context = [len(tokens) - 1]  # before the next forward (its root is the last token emitted)
 
     def seen(it: Iteration) -> None:
         if it.arm != "prompt":
-            iterations.append(Step(1 + it.n_drafted, it.seconds, it.forward_seconds, it.host_seconds,
-                                   n_context[0], it.draft_charged))
-        n_context[0] += len(it.tokens)
+            iterations.append(Step(it.batch, it.seconds, it.forward_seconds, it.host_seconds, it.n_past,
+                                   it.draft_seconds + it.draft_ahead))
         if on_iteration:
             on_iteration(it)
     *_, done = engine.generate(request, on_iteration=seen)

@@ -16,7 +16,6 @@ is fixed at construction."""
 from __future__ import annotations
 
 import time
-from typing import Callable
 
 from localspec.llama.context import Context
 from localspec.llama.curve import CostCurve, CostModel
@@ -96,30 +95,31 @@ class Budget:
         return extra / self.curve.cost(1)
 
 
-class Ledger:
-    """The drafters' own forwards (a draft model's, Jakiro's layer): the seconds they took
-    here, and the seconds charged for them: those, or, with `price` (batch, context ->
-    seconds on another machine's curve: bench --draft-curve), what they would cost there.
-    Drafters plan with what is charged, so a draft model priced on a GPU drafts as it would
-    there, not as it can on this CPU, and the loop charges Cascade the same."""
+class DraftClock:
+    """Times the drafters' own forwards (a draft model's, Jakiro's layer), and tells them what
+    a forward took: what they plan with, so they draft as long as their time per token pays.
+    Here that is what it measured; a subclass may count a forward at another price (the
+    bench's, on another machine's curve), and then now() runs ahead of perf_counter by what
+    it counted beyond what it measured, so a drafter's own timing runs on the same clock."""
 
-    def __init__(self, price: Callable[[int, int], float] | None = None):
-        self.price = price
-        self.measured = self.charged = 0.0
+    def __init__(self):
+        self.measured = 0.0  # seconds the forwards took here
+        self.ahead = 0.0     # seconds now() runs ahead of perf_counter
 
-    def book(self, n: int, n_context: int, t0: float, forwards: int = 1) -> float:
+    def forward(self, n: int, n_context: int, t0: float, forwards: int = 1) -> float:
         """A forward of n tokens after n_context (or `forwards` of them) ran from t0
-        (perf_counter) until now: what it is charged."""
+        (perf_counter) until now: the seconds it counts for."""
         seconds = time.perf_counter() - t0
-        charged = seconds if self.price is None else self.price(n, n_context) * forwards
+        counted = self.counted(n, n_context, seconds, forwards)
         self.measured += seconds
-        self.charged += charged
-        return charged
+        self.ahead += counted - seconds
+        return counted
 
-    def clock(self) -> float:
-        """perf_counter with every booked forward running at its charge: a drafter's time
-        per drafted token, its host work included, as it would be there."""
-        return time.perf_counter() - self.measured + self.charged
+    def counted(self, n: int, n_context: int, seconds: float, forwards: int) -> float:
+        return seconds
+
+    def now(self) -> float:
+        return time.perf_counter() + self.ahead
 
 
 class Drafter:
@@ -133,7 +133,7 @@ class Drafter:
     # plain decoding runs.
     free = False
     t_catch_up = 0.0  # seconds the last proposal spent catching up with the context
-    ledger = Ledger()  # where drafters with forwards of their own book them (the engine's)
+    clock = DraftClock()  # times drafters' forwards of their own (the engine's: Drafters sets it)
 
     def begin(self, prompt: list[int], sampling: SamplingConfig) -> None:
         """A request starts from `prompt` (the whole of it) with these sampling settings."""

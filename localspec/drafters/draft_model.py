@@ -121,14 +121,14 @@ class DraftModelDrafter(Drafter):
         behind = len(context) - common_prefix(self.ctx.tokens, context)
         row = self.ctx.catch_up(context)  # what the target accepted since the last proposal
         decoded = max(1, behind)  # catch_up decodes the last token at least
-        self.t_catch_up = self.ledger.book(decoded, len(context) - decoded, t0)
+        self.t_catch_up = self.clock.forward(decoded, len(context) - decoded, t0)
         if behind >= 16:
             self.t_prefill_token = self.t_catch_up / behind
-        t0 = self.ledger.clock()
+        t0 = self.clock.now()
         grow = self._chain if self.width == 1 else self._tree
         tree, n_forwards = grow(row, head, scale, budget, min(self.max_depth, budget.max_nodes))
         if n_forwards:
-            dt = (self.ledger.clock() - t0) / n_forwards
+            dt = (self.clock.now() - t0) / n_forwards
             self.t_token = dt if self.t_token == 0 else 0.8 * self.t_token + 0.2 * dt
         self._raw = tree.reach.copy()
         tree.reach = np.minimum(1.0, tree.reach * scale)
@@ -167,7 +167,7 @@ class DraftModelDrafter(Drafter):
             if d + 1 < depth:
                 t0 = time.perf_counter()
                 self.ctx.append(x)
-                self.ledger.book(1, len(self.ctx.tokens) - 1, t0)
+                self.clock.forward(1, len(self.ctx.tokens) - 1, t0)
                 row = 0
         n = len(tokens)
         return self._make_tree(tokens, list(range(-1, n - 1)), reach, qs), max(0, n - 1)
@@ -194,7 +194,7 @@ class DraftModelDrafter(Drafter):
             t0 = time.perf_counter()
             ctx.decode([tokens[i] for i in best], [n_past + d - 1] * len(best),
                        seq_ids=[[seq_of[i]] for i in best], outputs=[True] * len(best))
-            self.ledger.book(len(best), n_past + d - 1, t0)
+            self.clock.forward(len(best), n_past + d - 1, t0)
             n_forwards += 1
             frontier = []
             for row, node in enumerate(best):

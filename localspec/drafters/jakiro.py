@@ -189,20 +189,20 @@ class JakiroDrafter(Drafter):
         cal = 1.0 if head else self.calibration.value
         if budget.max_nodes <= 0 or not budget.worth_drafting(min(1.0, cal), self.t_token, 0):
             return DraftTree.empty()
-        t_start = self.ledger.clock()
+        t_start = self.clock.now()
         t0, n_cached = time.perf_counter(), self.rt.n_cached
         outs = self.rt.catch_up(context, self.feature_window)
         if outs is None:
             return DraftTree.empty()
-        self.ledger.book(len(outs[0]), n_cached, t0)
+        self.clock.forward(len(outs[0]), n_cached, t0)
         min_reach = [budget.min_reach(self.t_token, d) / cal for d in range(1, self.rt.cfg.gamma)]
         t0 = time.perf_counter()
         tokens, parents, reach, n_forwards = self.rt.grow_tree(
             outs, len(context) - 1, self.width, self.branch, budget.max_nodes, self.cepd,
             np.asarray(min_reach), head)
         if n_forwards:  # the tree's levels, of up to `width` nodes each, timed as one span
-            self.ledger.book(self.width, len(context), t0, n_forwards)
-        dt = (self.ledger.clock() - t_start) / (n_forwards + 1)
+            self.clock.forward(self.width, len(context), t0, n_forwards)
+        dt = (self.clock.now() - t_start) / (n_forwards + 1)
         self.t_token = dt if self.t_token == 0 else 0.8 * self.t_token + 0.2 * dt
         order, new_parents = rerank(parents.tolist(), reach.tolist(), budget.max_nodes)
         tree = DraftTree(tokens[order].astype(np.int32), np.asarray(new_parents, np.int32),

@@ -11,7 +11,7 @@ from typing import Callable
 
 from localspec import store
 from localspec.drafters.acceptance_head import AcceptanceHead
-from localspec.drafters.base import Drafter, Ledger
+from localspec.drafters.base import DraftClock, Drafter
 from localspec.drafters.draft_model import DraftModelDrafter, check_same_vocabulary
 from localspec.drafters.draft_model import draft_context as open_draft_context
 from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime
@@ -35,15 +35,15 @@ def needs_features(spec: DrafterSpec, asked: bool | None, over_rpc: bool, target
 
 class Drafters:
     def __init__(self, target: Model, features: bool, n_ctx: int, threads: int, store_setting: StoreSetting,
-                 load: Callable[[Path], Model], loads: collections.Counter[str], ledger: Ledger,
+                 load: Callable[[Path], Model], loads: collections.Counter[str], clock: DraftClock,
                  notice: Notice = notice_on_stderr):
         """`features`: the target's context returns hidden states (Jakiro reads them);
         `store_setting`: EngineConfig.store; `load` loads a draft model as the engine loads
-        models, and `loads` counts every file loaded; `ledger`: where the drafters book their
-        forwards; `notice` hears what the user should know."""
+        models, and `loads` counts every file loaded; `clock`: what times the drafters'
+        own forwards; `notice` hears what the user should know."""
         self.model = target
         self.notice = notice
-        self.ledger = ledger
+        self.clock = clock
         self.features, self.n_ctx, self.threads = features, n_ctx, threads
         self.store_setting = store_setting
         self.load, self.loads = load, loads
@@ -65,7 +65,7 @@ class Drafters:
             if spec.kind not in FACTORIES:
                 raise LocalspecError(f"'{spec.label}' is not a drafter")
             d = FACTORIES[spec.kind](self, spec)
-            d.ledger = self.ledger
+            d.clock = self.clock
             self._drafters[key] = d
         return self._drafters[key]
 

@@ -125,13 +125,6 @@ class Planning:
         finally:
             self.lock.release()
 
-    def price(self) -> Callable[[int, int], float] | None:
-        """With another machine's curve to plan on (curve_file): what a forward of n tokens
-        after n_context costs there, so that Cascade measures utility as it would there."""
-        if not self.curve_file:
-            return None
-        return self.prepare().price
-
     def close(self) -> None:
         """Stop the measurement under way, if any (after the forward it is in), and keep how
         far the loop's forwards strayed from the curve beside it (the next start reads it)."""
