@@ -20,7 +20,7 @@ from localspec import store
 from localspec.control.controllers import controller_for
 from localspec.drafters.base import DraftClock
 from localspec.drafters.loaded import Drafters, needs_features
-from localspec.drafters.spec import AUTO, DrafterSpec
+from localspec.drafters.spec import AUTO, NONE, DrafterSpec
 from localspec.drafters.suffix import StoreSetting
 from localspec.errors import LocalspecError
 from localspec.llama import Model
@@ -231,8 +231,12 @@ class Engine:
         if shapes is None:
             offloaded = self.model.n_gpu_layers > 0 and (bool(cfg.rpc) or bool(gpus()))
             shapes = POWERS_OF_TWO if offloaded and not cfg.strict else ()
+        if self.model.recurrent and cfg.drafter.kind == "auto":
+            notice(f"{self.model.architecture} keeps a recurrent state: localspec decodes it plainly "
+                   "(speculation on such models is not built yet)")
+        # A recurrent state per sequence costs a state each; plain decoding needs one.
         config = ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads, flash_attn=cfg.flash_attn,
-                               n_seq_max=cfg.n_seq_max, kv_type="bf16" if cfg.strict else "f16",
+                               n_seq_max=1 if self.model.recurrent else cfg.n_seq_max, kv_type="bf16" if cfg.strict else "f16",
                                embeddings=features, sample_on_device=cfg.sample_on_device, shapes=shapes)
         self.slots = Slots(self.model, config, cfg.slots)
         self.ctx = self.slots.contexts[0]  # the slot the last request ran in
@@ -265,7 +269,7 @@ class Engine:
     def prepare(self, spec: DrafterSpec | None = None) -> None:
         """Load, build and measure what requests with `spec` (the engine's drafter by default)
         need, now rather than inside the first of them."""
-        spec = spec or self.cfg.drafter
+        spec = self.runnable(spec or self.cfg.drafter)
         with self._requests.turn():
             self.controller(spec)
             if spec.kind != "none":
@@ -277,7 +281,18 @@ class Engine:
     def ready(self, spec: DrafterSpec) -> bool:
         """Whether a request with `spec` runs on what is loaded and measured (prepare(spec)
         does the rest): a server refuses one that is not, rather than load inside it."""
+        spec = self.runnable(spec)
         return spec.kind == "none" or self.planning.measured and (spec in self._cascades or self.drafters.loaded(spec))
+
+    def runnable(self, spec: DrafterSpec) -> DrafterSpec:
+        """What a request with `spec` runs: `spec`, except on a target whose layers keep a
+        recurrent state, which llama.cpp cannot cut back to a rejected draft here: auto
+        decodes it plainly, and a drafter named is refused in one line."""
+        if not self.model.recurrent or spec.kind in ("none", "auto"):
+            return NONE if self.model.recurrent else spec
+        raise LocalspecError(f"drafter {spec.label}: {self.model.architecture} keeps a recurrent state, which "
+                             "localspec cannot yet cut back to a rejected draft: decode it plainly (--drafter "
+                             "none, or auto, which does)")
 
     def controller(self, spec: DrafterSpec) -> Controller:
         """What runs a request with this spec."""
@@ -316,7 +331,7 @@ class Engine:
         tokens = self.prompt_tokens(request)
         if not tokens or request.max_tokens < 1:
             raise LocalspecError("empty prompt" if not tokens else "max_tokens must be at least 1")
-        spec = request.drafter or self.cfg.drafter
+        spec = self.runnable(request.drafter or self.cfg.drafter)
         controller = self.controller(spec)
         plain = spec.kind == "none"  # needs no curve
         tie_bound, max_batch = (0.0, None) if plain else self.planning.strict_limits(request.sampling.temperature)

@@ -84,6 +84,9 @@ class Context:
         rpc.keepalive(model.rpc)  # the context's buffers may have opened connections
         self.n_ctx = ll.llama_n_ctx(ptr)
         self.mem = ll.llama_get_memory(ptr)
+        # Its model keeps a recurrent state, which llama.cpp cannot cut back to an earlier
+        # position: a cut decodes what is kept again (restart).
+        self.recurrent = model.recurrent
         self.tokens: list[int] = []  # what sequence 0's KV cache holds, position by position
         # Leading positions computed exactly as a cold prefill of tokens[:n_exact] computes them.
         self.n_exact = 0
@@ -200,9 +203,14 @@ class Context:
 
     def abandon(self) -> None:
         """Drop a launched batch that nobody will finish: the cache holds `tokens` again."""
-        if self.inflight is not None:
-            _native.abandon(self.ptr, self.inflight[0])
-            self.inflight = None
+        if self.inflight is None:
+            return
+        launched, self.inflight = self.inflight[0], None
+        if self.recurrent:  # the batch is in the state: decode what the cache holds again
+            self.synchronize()
+            self.restart(len(self.tokens))
+        else:
+            _native.abandon(self.ptr, launched)
 
     def append(self, token: int) -> None:
         """Decode one token at the end of sequence 0, keeping its logits at row 0."""
@@ -316,7 +324,9 @@ class Context:
 
     def truncate(self, n: int) -> None:
         """Keep the first n positions of sequence 0 (where rejected tokens go)."""
-        if n < len(self.tokens):
+        if n < len(self.tokens) and self.recurrent:
+            self.restart(n)
+        elif n < len(self.tokens):
             self._seq_rm(-1, n, -1)
             del self.tokens[n:]
         if n < self.n_exact:  # a cut chunk is exact only for a prompt ending where it ends
@@ -326,11 +336,25 @@ class Context:
 
     def clear(self) -> None:
         self.sample_on_device(None)  # a cleared context reads logits again (measurements, checks)
-        self.abandon()
+        if self.inflight is not None:  # what it added goes with the rest
+            self.synchronize()
+            self.inflight = None
         ll.llama_memory_clear(self.mem, True)
         self.tokens.clear()
         self.n_exact = 0
         self._last = None
+
+    def restart(self, n: int) -> None:
+        """Hold the first n tokens by decoding them again from an empty cache, in the chunks a
+        cold prompt forms: how a recurrent state goes back to an earlier position (its rows
+        cannot be removed). As slow as reading that prompt."""
+        keep, exact, last = self.tokens[:n], self.n_exact, self._last
+        ll.llama_memory_clear(self.mem, True)
+        self.tokens.clear()
+        if keep:
+            decode_chunks(self, keep, 0, len(keep) - 1, None, None)
+        self.n_exact = min(exact, n)
+        self._last = last if last is not None and last[0] <= n else None
 
     def branch(self, src: int, dst: int) -> None:
         """Make sequence `dst` a copy of sequence `src` (a draft tree's next level)."""

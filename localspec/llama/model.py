@@ -157,6 +157,12 @@ class Model:
         return self.meta("general.architecture") or "unknown"
 
     @property
+    def recurrent(self) -> bool:
+        """Whether some of its layers keep a recurrent state (Mamba, RWKV; hybrids such as
+        Qwen3.5, LFM2, Granite 4): a state that cannot be cut back to an earlier position."""
+        return bool(ll.llama_model_is_recurrent(self.ptr) or ll.llama_model_is_hybrid(self.ptr))
+
+    @property
     def name(self) -> str:
         return self.meta("general.name") or self.path.stem
 

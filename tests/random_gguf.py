@@ -1,0 +1,270 @@
+"""Tiny random-weight GGUF models of llama.cpp architectures, for tests.
+
+    python tests/random_gguf.py ARCH SIZE OUT.gguf [--tokenizer FROM.gguf] [--seed S]
+
+    from random_gguf import make          # tests/ is on sys.path under pytest
+    make("qwen35", "tiny", tmp_path / "m.gguf", seed=0)   # tokenizer= another GGUF
+
+ARCH: qwen3moe (Mixture of Experts), qwen35 (gated delta-net + attention), lfm2 (short
+convolution + attention), granitehybrid (mamba2 + attention), nemotron_h (mamba2 + attention +
+MLP layers), mamba2 (recurrent only). SIZE: tiny (embedding 128, 2-4 layers, ~50 MiB with a 49k
+vocabulary, made in ~0.6 s, loads in ~0.1 s), small (embedding 256, twice the layers). Tensor
+names, shapes and keys follow llama.cpp's loaders (src/models/<arch>.cpp); dims are chosen to meet
+the CUDA kernels' limits too (SSM_CONV channels % 128, mamba2 d_state 128, delta-net head 32;
+checked on CPU only). The tokenizer (every
+`tokenizer.*` key) comes from another GGUF, the SmolLM2 test model by default; token embedding
+and output have its vocabulary size. Weights are F32, drawn from `seed`: the same seed gives the
+same file. Matrices ~N(0, 0.02), norms 1, the MoE router ~N(0, 0.1) (tokens pick different
+experts); recurrent parameters use the models' own initialisations, which keep the recurrence
+stable: A = -exp(A_log) in [-16, -1], dt bias = softplus^-1(dt) with dt log-uniform in [1e-3,
+0.1], D = 1, conv weights ~U(+-1/sqrt(kernel)), conv bias 0.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import mmap
+import os
+import struct
+import time
+from pathlib import Path
+
+import gguf
+import numpy as np
+import platformdirs
+
+# The SmolLM2 model the tests pull (conftest.py's folder).
+DEFAULT_TOKENIZER = Path(os.environ.get("LOCALSPEC_TEST_MODELS") or platformdirs.user_cache_dir(
+    "localspec-test-models")) / "smollm2-135m-instruct.gguf"
+SIZES = {"tiny": (128, 1), "small": (256, 2)}  # embedding, repeats of the layer pattern
+W, ONE, ZERO, ROUTER, CONV, A_NEG, DT = "w", "one", "zero", "router", "conv", "a", "dt"
+
+
+# Building blocks: (tensor name within blk.N., shape in ggml order (ne0, ne1, ...), init).
+def norm(E, *names):
+    return [(f"{name}.weight", (E,), ONE) for name in names]
+
+
+def attn(E, H, KV, D, q_mult=1, qk_norm=False):  # q_mult 2: Qwen3.5's query + gate
+    t = [("attn_q.weight", (E, H * D * q_mult), W), ("attn_k.weight", (E, KV * D), W),
+         ("attn_v.weight", (E, KV * D), W), ("attn_output.weight", (H * D, E), W)]
+    return t + ([("attn_q_norm.weight", (D,), ONE), ("attn_k_norm.weight", (D,), ONE)] if qk_norm else [])
+
+
+def ffn(E, F, gate=True):
+    t = [("ffn_up.weight", (E, F), W), ("ffn_down.weight", (F, E), W)]
+    return t + ([("ffn_gate.weight", (E, F), W)] if gate else [])
+
+
+def moe(E, X, FX):
+    return [("ffn_gate_inp.weight", (E, X), ROUTER), ("ffn_gate_exps.weight", (E, FX, X), W),
+            ("ffn_up_exps.weight", (E, FX, X), W), ("ffn_down_exps.weight", (FX, E, X), W)]
+
+
+def mamba2(E, I, N, H, G, K):  # inner size, state size, heads, groups, conv kernel
+    C = I + 2 * G * N  # conv channels: x, B, C
+    return [("ssm_in.weight", (E, I + C + H), W), ("ssm_conv1d.weight", (K, C), CONV),
+            ("ssm_conv1d.bias", (C,), ZERO), ("ssm_dt.bias", (H,), DT), ("ssm_a", (1, H), A_NEG),
+            ("ssm_d", (1, H), ONE), ("ssm_norm.weight", (I // G, G), ONE), ("ssm_out.weight", (I, E), W)]
+
+
+def gated_delta_net(E, N, HK, HV, K):  # head dim, key heads, value heads, conv kernel
+    C = 2 * N * HK + N * HV
+    return [("attn_qkv.weight", (E, C), W), ("attn_gate.weight", (E, N * HV), W),
+            ("ssm_conv1d.weight", (K, C), CONV), ("ssm_dt.bias", (HV,), DT), ("ssm_a", (HV,), A_NEG),
+            ("ssm_beta.weight", (E, HV), W), ("ssm_alpha.weight", (E, HV), W),
+            ("ssm_norm.weight", (N,), ONE), ("ssm_out.weight", (N * HV, E), W)]
+
+
+def shortconv(E, L):
+    return [("shortconv.conv.weight", (L, E), CONV), ("shortconv.in_proj.weight", (E, 3 * E), W),
+            ("shortconv.out_proj.weight", (E, E), W)]
+
+
+# Per architecture: the `ARCH.*` keys, the layer pattern (one letter a layer) and each letter's
+# tensors. R: recurrent, A: attention, F: feed-forward only.
+def qwen3moe(E, n):
+    H, KV, D, X, K = E // 32, E // 64, 64, 8, 2
+    kv = {"feed_forward_length": 3 * E, "attention.head_count": H, "attention.head_count_kv": KV,
+          "attention.key_length": D, "attention.value_length": D, "rope.freq_base": 1e6,
+          "attention.layer_norm_rms_epsilon": 1e-6, "expert_count": X, "expert_used_count": K,
+          "expert_feed_forward_length": E}
+    return kv, "AA" * n, {"A": norm(E, "attn_norm") + attn(E, H, KV, D, qk_norm=True)
+                          + norm(E, "ffn_norm") + moe(E, X, E)}
+
+
+def qwen35(E, n):
+    H, D, N, HK, HV = E // 64, 64, 32, E // 64, E // 32
+    kv = {"feed_forward_length": 2 * E, "attention.head_count": H, "attention.head_count_kv": 1,
+          "attention.key_length": D, "attention.value_length": D, "rope.freq_base": 1e7,
+          "rope.dimension_count": 16, "rope.dimension_sections": [3, 3, 2, 0],
+          "attention.layer_norm_rms_epsilon": 1e-6, "full_attention_interval": 2,
+          "ssm.conv_kernel": 4, "ssm.state_size": N, "ssm.group_count": HK,
+          "ssm.time_step_rank": HV, "ssm.inner_size": N * HV}
+    common = norm(E, "attn_norm", "post_attention_norm") + ffn(E, 2 * E)
+    return kv, "RA" * 2 * n, {"R": common + gated_delta_net(E, N, HK, HV, 4),
+                              "A": common + attn(E, H, 1, D, q_mult=2, qk_norm=True)}
+
+
+def lfm2(E, n):
+    H, pattern = E // 64, "RARA" * n
+    kv = {"feed_forward_length": 2 * E, "attention.head_count": H,
+          "attention.head_count_kv": [0 if c == "R" else H for c in pattern], "rope.freq_base": 1e6,
+          "attention.layer_norm_rms_epsilon": 1e-5, "shortconv.l_cache": 3}
+    common = norm(E, "attn_norm", "ffn_norm") + ffn(E, 2 * E)
+    return kv, pattern, {"R": common + shortconv(E, 3), "A": common + attn(E, H, H, 64, qk_norm=True)}
+
+
+def granitehybrid(E, n):
+    H, pattern, I, N, HS = E // 64, "RARA" * n, 2 * E, 128, 2 * E // 32
+    kv = {"feed_forward_length": 2 * E, "attention.head_count": H,
+          "attention.head_count_kv": [0 if c == "R" else 1 for c in pattern], "rope.freq_base": 1e4,
+          "attention.layer_norm_rms_epsilon": 1e-5, "ssm.conv_kernel": 4, "ssm.inner_size": I,
+          "ssm.state_size": N, "ssm.time_step_rank": HS, "ssm.group_count": 1}
+    common = norm(E, "attn_norm", "ffn_norm") + ffn(E, 2 * E)
+    return kv, pattern, {"R": common + mamba2(E, I, N, HS, 1, 4), "A": common + attn(E, H, 1, 64)}
+
+
+def nemotron_h(E, n):  # Nemotron-H's "M*M-": mamba2, attention, mamba2, MLP
+    H, pattern, I, N, HS = E // 64, "RARF" * n, 2 * E, 128, 2 * E // 32
+    kv = {"feed_forward_length": [2 * E if c == "F" else 0 for c in pattern],
+          "attention.head_count": H, "attention.head_count_kv": [1 if c == "A" else 0 for c in pattern],
+          "attention.key_length": 64, "attention.value_length": 64,
+          "attention.layer_norm_epsilon": 1e-5, "attention.layer_norm_rms_epsilon": 1e-5,
+          "ssm.conv_kernel": 4, "ssm.inner_size": I, "ssm.state_size": N, "ssm.time_step_rank": HS,
+          "ssm.group_count": 1}
+    return kv, pattern, {"R": norm(E, "attn_norm") + mamba2(E, I, N, HS, 1, 4),
+                         "A": norm(E, "attn_norm") + attn(E, H, 1, 64),
+                         "F": norm(E, "attn_norm") + ffn(E, 2 * E, gate=False)}
+
+
+def mamba2_plain(E, n):
+    I, N, HS = 2 * E, 128, 2 * E // 32
+    kv = {"attention.layer_norm_rms_epsilon": 1e-5, "ssm.conv_kernel": 4, "ssm.inner_size": I,
+          "ssm.state_size": N, "ssm.time_step_rank": HS, "ssm.group_count": 1}
+    return kv, "RR" * n, {"R": norm(E, "attn_norm") + mamba2(E, I, N, HS, 1, 4)}
+
+
+ARCHS = {"qwen3moe": qwen3moe, "qwen35": qwen35, "lfm2": lfm2, "granitehybrid": granitehybrid,
+         "nemotron_h": nemotron_h, "mamba2": mamba2_plain}
+OUTPUT_NORM = {"lfm2": "token_embd_norm.weight"}  # LFM2's final norm has this (odd) name
+
+
+def init(rng, kind, shape):
+    """Values for a tensor of ggml `shape` (numpy's is reversed)."""
+    np_shape = tuple(reversed(shape))
+    if kind == W:
+        return rng.normal(0, 0.02, np_shape)
+    if kind == ROUTER:
+        return rng.normal(0, 0.1, np_shape)
+    if kind == ONE:
+        return np.ones(np_shape)
+    if kind == ZERO:
+        return np.zeros(np_shape)
+    if kind == CONV:  # ne0 is the kernel width
+        return rng.uniform(-1, 1, np_shape) / np.sqrt(shape[0])
+    if kind == A_NEG:  # A = -exp(A_log), A_log = log U(1, 16)
+        return -rng.uniform(1, 16, np_shape)
+    if kind == DT:  # softplus(bias) = dt, dt log-uniform in [1e-3, 1e-1]
+        dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), np_shape))
+        return dt + np.log(-np.expm1(-dt))
+    raise ValueError(kind)
+
+
+SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+@functools.lru_cache(maxsize=4)
+def tokenizer_keys(path: Path) -> list:
+    """[(key, value, type, sub_type)] for the `tokenizer.*` keys of a GGUF (GGUFReader takes
+    seconds on a 49k-token vocabulary; this takes a tenth of one)."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as b:
+        assert b[:4] == b"GGUF", f"{path}: not a GGUF file"
+        n_kv, pos = struct.unpack_from("<Q", b, 16)[0], 24
+
+        def read(t):
+            nonlocal pos
+            if t == 8:  # string, kept as bytes
+                n = struct.unpack_from("<Q", b, pos)[0]
+                pos += 8 + n
+                return b[pos - n:pos]
+            if t == 9:  # array: element type, count, elements
+                sub, n = struct.unpack_from("<IQ", b, pos)
+                pos += 12
+                if sub == 8:
+                    return [read(8) for _ in range(n)]
+                a = np.frombuffer(b, np.dtype("<" + SCALARS[sub]), n, pos)
+                pos += a.nbytes
+                return a.tolist()
+            v = struct.unpack_from("<" + SCALARS[t], b, pos)[0]
+            pos += struct.calcsize(SCALARS[t])
+            return v
+
+        keys = []
+        for _ in range(n_kv):
+            key, t = read(8).decode(), struct.unpack_from("<I", b, pos)[0]
+            pos += 4
+            sub = struct.unpack_from("<I", b, pos)[0] if t == 9 else None
+            value = read(t)
+            if key.startswith("tokenizer."):
+                sub = None if sub is None else gguf.GGUFValueType(sub)
+                keys.append((key, value, gguf.GGUFValueType(t), sub))
+        return keys
+
+
+def add_key(w: gguf.GGUFWriter, key: str, value) -> None:
+    if isinstance(value, list):
+        w.add_array(key, value)
+    elif isinstance(value, float):
+        w.add_float32(key, value)
+    else:
+        w.add_uint32(key, value)
+
+
+def make(arch: str, size: str, out: Path, tokenizer: Path = DEFAULT_TOKENIZER, seed: int = 0) -> Path:
+    """Write a random-weight `arch` model of `size` to `out`, with `tokenizer`'s vocabulary."""
+    E, reps = SIZES[size]
+    kv, pattern, blocks = ARCHS[arch](E, reps)
+    tok = tokenizer_keys(Path(tokenizer).resolve())
+    vocab = next(len(value) for key, value, *_ in tok if key == "tokenizer.ggml.tokens")
+
+    w = gguf.GGUFWriter(str(out), arch)
+    w.add_name(f"random {arch} {size} (seed {seed})")
+    w.add_size_label(size)
+    for key, value, t, sub in tok:
+        w.add_key_value(key, value, t, sub_type=sub)
+    base = {"vocab_size": vocab, "context_length": 4096, "embedding_length": E,
+            "block_count": len(pattern)}
+    for key, value in {**base, **kv}.items():
+        add_key(w, f"{arch}.{key}", value)
+
+    plan = [("token_embd.weight", (E, vocab), W), (OUTPUT_NORM.get(arch, "output_norm.weight"), (E,), ONE),
+            ("output.weight", (E, vocab), W)]
+    for i, kind in enumerate(pattern):
+        plan += [(f"blk.{i}.{name}", shape, init_) for name, shape, init_ in blocks[kind]]
+    rng = np.random.default_rng(seed)
+    for name, shape, kind in plan:
+        w.add_tensor(name, init(rng, kind, shape).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("arch", choices=sorted(ARCHS))
+    p.add_argument("size", choices=sorted(SIZES))
+    p.add_argument("out", type=Path)
+    p.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    t0 = time.time()
+    make(a.arch, a.size, a.out, a.tokenizer, a.seed)
+    print(f"{a.out}: random {a.arch} {a.size}, {a.out.stat().st_size / 2**20:.1f} MiB "
+          f"in {time.time() - t0:.2f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Targets whose layers keep a recurrent state (hybrids: Qwen3.5, LFM2, Granite 4, Nemotron-H;
+Mamba-2 alone), as tiny random-weight GGUFs (random_gguf.py): llama.cpp cannot cut such a
+state back to an earlier position, so the prompt cache, a cancelled request and every other
+cut decode what they keep again, and speculation is refused in one line (auto decodes them
+plainly). What they answer must be what a cold start answers."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from localspec.drafters.spec import DrafterSpec
+from localspec.engine import Done, Engine, EngineConfig, Request
+from localspec.errors import LocalspecError
+from localspec.sampling import SamplingConfig
+
+from random_gguf import make
+
+RECURRENT = ["qwen35", "lfm2", "granitehybrid", "nemotron_h", "mamba2"]
+GREEDY = SamplingConfig(temperature=0.0)
+# Longer than a prompt chunk (128), so a later prompt would reuse whole chunks of it.
+PROMPT = "def add(a, b):\n    return a + b\n\n" * 24
+
+
+@pytest.fixture(scope="module", params=RECURRENT)
+def engine(request, tmp_path_factory, small_path):
+    path = make(request.param, "tiny", tmp_path_factory.mktemp("hybrid") / f"{request.param}.gguf",
+                tokenizer=small_path)
+    notices = []
+    engine = Engine(EngineConfig(model=str(path), n_ctx=1024, threads=2), notice=notices.append)
+    engine.notices = notices
+    yield engine
+    engine.close()
+
+
+def answer(engine: Engine, prompt: str, cache: bool = True, drafter: str | None = None,
+           cancel_after: int | None = None) -> Done:
+    request = Request(prompt=prompt, sampling=GREEDY, max_tokens=24, ignore_eog=True, cache=cache,
+                      drafter=DrafterSpec.parse(drafter) if drafter else None)
+    cancel = threading.Event()
+    for i, event in enumerate(engine.generate(request, cancel)):
+        if cancel_after is not None and i + 1 >= cancel_after:
+            cancel.set()
+    return event
+
+
+def test_a_recurrent_target_answers_as_a_cold_start_after_any_cut(engine):
+    assert engine.model.recurrent
+    cold = answer(engine, PROMPT, cache=False).tokens
+    assert len(cold) == 24
+    # The same prompt again (the cache holds it and the answer: cut back to the prompt).
+    assert answer(engine, PROMPT).tokens == cold
+    # A prompt sharing whole chunks with what the cache holds, then going elsewhere.
+    other = PROMPT + "def sub(a, b):\n"
+    other_cold = answer(engine, other, cache=False).tokens
+    answer(engine, PROMPT)
+    assert answer(engine, other).tokens == other_cold
+    # A request cancelled with a forward in flight leaves the cache consistent.
+    stopped = answer(engine, other, cancel_after=3)
+    assert stopped.reason.value == "cancelled" and len(stopped.tokens) < 24
+    assert answer(engine, PROMPT).tokens == cold
+    assert answer(engine, other).tokens == other_cold
+
+
+def test_speculation_on_a_recurrent_target_is_one_line_and_auto_decodes_plainly(engine):
+    cold = answer(engine, PROMPT, cache=False).tokens
+    for drafter in ("lookup", "suffix", "lookup@8"):
+        with pytest.raises(LocalspecError, match="recurrent state") as e:
+            answer(engine, PROMPT, drafter=drafter)
+        assert "\n" not in str(e.value)
+    assert answer(engine, PROMPT, drafter="auto").tokens == cold
+    assert any("recurrent state" in n for n in engine.notices)
+    assert engine.ready(DrafterSpec.parse("auto"))
