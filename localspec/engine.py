@@ -205,6 +205,11 @@ class RequestLock:
         return time.monotonic() - self.idle_since
 
 
+# Tokens a recurrent target's state can be rolled back by, so its longest chain: each step is
+# a copy of the state (Qwen3.5-35B-A3B's: about 60 MB).
+ROLLBACK = 8
+
+
 class Engine:
     def __init__(self, cfg: EngineConfig = EngineConfig(), progress: Progress | None = None,
                  log: LogHandler | None = None, notice: Notice = notice_on_stderr,
@@ -231,15 +236,18 @@ class Engine:
         if shapes is None:
             offloaded = self.model.n_gpu_layers > 0 and (bool(cfg.rpc) or bool(gpus()))
             shapes = POWERS_OF_TWO if offloaded and not cfg.strict else ()
-        if self.model.recurrent and cfg.drafter.kind == "auto":
-            notice(f"{self.model.architecture} keeps a recurrent state: localspec decodes it plainly "
-                   "(speculation on such models is not built yet)")
-        # A recurrent state per sequence costs a state each; plain decoding needs one.
+        # A recurrent state (Model.recurrent) is kept per sequence and per rollback step: such a
+        # target verifies chains, in one sequence, rolled back by what they reject.
+        recurrent = self.model.recurrent
         config = ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads, flash_attn=cfg.flash_attn,
-                               n_seq_max=1 if self.model.recurrent else cfg.n_seq_max, kv_type="bf16" if cfg.strict else "f16",
-                               embeddings=features, sample_on_device=cfg.sample_on_device, shapes=shapes)
+                               n_seq_max=1 if recurrent else cfg.n_seq_max, kv_type="bf16" if cfg.strict else "f16",
+                               embeddings=features, sample_on_device=cfg.sample_on_device,
+                               shapes=() if recurrent else shapes, rollback=ROLLBACK if recurrent else 0)
         self.slots = Slots(self.model, config, cfg.slots)
         self.ctx = self.slots.contexts[0]  # the slot the last request ran in
+        if recurrent and not self.ctx.rollback and cfg.drafter.kind == "auto":
+            notice(f"{self.model.architecture} keeps a recurrent state that this llama.cpp cannot roll "
+                   "back: localspec decodes it plainly")
         self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, load, self.loads, draft_clock or DraftClock(),
                                  notice)
         self._requests = RequestLock()
@@ -288,17 +296,19 @@ class Engine:
         """What a request with `spec` runs: `spec`, except on a target whose layers keep a
         recurrent state, which llama.cpp cannot cut back to a rejected draft here: auto
         decodes it plainly, and a drafter named is refused in one line."""
-        if not self.model.recurrent or spec.kind in ("none", "auto"):
-            return NONE if self.model.recurrent else spec
-        raise LocalspecError(f"drafter {spec.label}: {self.model.architecture} keeps a recurrent state, which "
-                             "localspec cannot yet cut back to a rejected draft: decode it plainly (--drafter "
-                             "none, or auto, which does)")
+        if not self.model.recurrent or self.ctx.rollback or spec.kind == "none":
+            return spec
+        if spec.kind == "auto":
+            return NONE
+        raise LocalspecError(f"drafter {spec.label}: {self.model.architecture} keeps a recurrent state that this "
+                             "llama.cpp cannot roll back to a rejected draft: decode it plainly (--drafter none, "
+                             "or auto, which does)")
 
     def controller(self, spec: DrafterSpec) -> Controller:
         """What runs a request with this spec."""
         if spec in self._cascades:
             return self._cascades[spec]
-        controller = controller_for(spec, self.drafters, self.planning.prepare, self.cfg.n_seq_max)
+        controller = controller_for(spec, self.drafters, self.planning.prepare, self.ctx.config.n_seq_max)
         if spec.kind == "auto":
             self._cascades[spec] = controller
         return controller
@@ -335,6 +345,8 @@ class Engine:
         controller = self.controller(spec)
         plain = spec.kind == "none"  # needs no curve
         tie_bound, max_batch = (0.0, None) if plain else self.planning.strict_limits(request.sampling.temperature)
+        if self.ctx.rollback:  # a chain rejects at most all but its root: what the state rolls back
+            max_batch = min(max_batch or self.ctx.rollback + 1, self.ctx.rollback + 1)
         stats, text, generated, reason = Stats(), TextStream(self.model, request.stop), [], None
         ctx = self.ctx = self.slots.pick(tokens)
         if not request.cache:

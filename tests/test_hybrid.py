@@ -1,8 +1,10 @@
 """Targets whose layers keep a recurrent state (hybrids: Qwen3.5, LFM2, Granite 4, Nemotron-H;
-Mamba-2 alone), as tiny random-weight GGUFs (random_gguf.py): llama.cpp cannot cut such a
-state back to an earlier position, so the prompt cache, a cancelled request and every other
-cut decode what they keep again, and speculation is refused in one line (auto decodes them
-plainly). What they answer must be what a cold start answers."""
+Mamba-2 alone), as tiny random-weight GGUFs (random_gguf.py). llama.cpp cannot cut such a
+state back to an earlier position: the prompt cache and a cancelled request restore a saved
+state or decode what they keep again, and verification rolls the state back by what it
+rejects where llama.cpp can (n_rs_seq: qwen35, lfm2, nemotron_h); elsewhere speculation is
+refused in one line and auto decodes plainly. What they answer must be what a cold start and
+plain decoding answer."""
 
 from __future__ import annotations
 
@@ -11,6 +13,12 @@ import threading
 import pytest
 
 from localspec.drafters.spec import DrafterSpec
+from localspec.bench.runner import near_tie, run_ours
+from localspec.bench.synthetic import SyntheticDrafter
+from localspec.control.controllers import Fixed
+from localspec.drafters.base import Budget
+from localspec.drafters.spec import NONE
+from localspec.loop import RunOptions, Stats, run
 from localspec.engine import Done, Engine, EngineConfig, Request
 from localspec.errors import LocalspecError
 from localspec.sampling import SamplingConfig
@@ -18,6 +26,7 @@ from localspec.sampling import SamplingConfig
 from random_gguf import make
 
 RECURRENT = ["qwen35", "lfm2", "granitehybrid", "nemotron_h", "mamba2"]
+ROLLS_BACK = {"qwen35", "lfm2", "nemotron_h"}  # llama.cpp's llm_arch_supports_rs_rollback
 GREEDY = SamplingConfig(temperature=0.0)
 # Longer than a prompt chunk (128), so a later prompt would reuse whole chunks of it.
 PROMPT = "def add(a, b):\n    return a + b\n\n" * 24
@@ -63,7 +72,39 @@ def test_a_recurrent_target_answers_as_a_cold_start_after_any_cut(engine):
     assert answer(engine, other).tokens == other_cold
 
 
-def test_speculation_on_a_recurrent_target_is_one_line_and_auto_decodes_plainly(engine):
+def test_greedy_speculation_on_a_recurrent_target_is_plain_decodings(engine):
+    """Chains verified in one batch, the state rolled back by what was rejected: plain
+    decoding's output (or first different at a measured near-tie). The synthetic drafter
+    proposes plain decoding's own answer broken at drawn depths, so every rollback from one
+    token to all but the root happens; lookup, suffix and auto run as a user's would; then the
+    cache answers as a cold start does."""
+    if engine.model.architecture not in ROLLS_BACK:
+        pytest.skip("no rollback of its state in this llama.cpp: the next test")
+    ctx, curve = engine.ctx, engine.planning.prepare()
+    assert ctx.rollback > 0 and ctx.config.n_seq_max == 1
+    prompt = engine.model.tokenize(PROMPT)
+    truth, _ = run_ours(engine, prompt, NONE, 48, GREEDY)
+    for seed, rates in enumerate(([0.9, 0.7, 0.5, 0.3], [0.95] * ctx.rollback)):
+        ctx.clear()
+        drafter = SyntheticDrafter(prompt + truth, rates, engine.model.n_vocab, seed=seed)
+        stats = Stats()
+        controller = Fixed(drafter, Budget(curve, 1, len(rates), static=True), "synthetic")
+        out = [t for it in run(ctx, controller, prompt, GREEDY, 48, stats, RunOptions(stop_at_eog=False))
+               for t in it.tokens]
+        assert out == truth or near_tie(engine, prompt, truth, out), rates
+        assert stats.draft_n > stats.draft_n_accepted > 0  # accepted, and rolled back
+    for drafter in ("lookup", "suffix", "auto"):
+        out, _ = run_ours(engine, prompt, DrafterSpec.parse(drafter), 48, GREEDY)
+        assert out == truth or near_tie(engine, prompt, truth, out), drafter
+    cold = answer(engine, PROMPT, cache=False).tokens
+    answer(engine, PROMPT, drafter="suffix")
+    assert answer(engine, PROMPT).tokens == cold
+
+
+def test_without_rollback_speculation_is_one_line_and_auto_decodes_plainly(engine):
+    if engine.model.architecture in ROLLS_BACK:
+        pytest.skip("its state rolls back: the test before")
+    assert engine.ctx.rollback == 0
     cold = answer(engine, PROMPT, cache=False).tokens
     for drafter in ("lookup", "suffix", "lookup@8"):
         with pytest.raises(LocalspecError, match="recurrent state") as e:

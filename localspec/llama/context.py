@@ -3,6 +3,7 @@ views of logits and hidden states, KV-cache operations and a prefix cache."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from localspec.errors import LocalspecError
 FLASH_ATTN = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
               "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 KV_TYPES = {"f16": 1, "bf16": 30, "q8_0": 8, "f32": 0}  # ggml_type values
+# llama_state_seq_*_ext: only the recurrent part of a sequence's state (its KV cells stay).
+PARTIAL_STATE = 1
 PROGRESS_AFTER = 512  # tokens of prompt to decode beyond which prefill reports progress
 
 
@@ -53,6 +56,9 @@ class ContextConfig:
     # (one sequence each) see the context without a copy of it (native/step.h: launch, finish).
     # False: in sequence 0 only (a draft model's context, which branches its own way).
     context_in_every_sequence: bool = True
+    # A model with a recurrent state (Model.recurrent): how many of a batch's last tokens its
+    # state can be rolled back by (llama.cpp's n_rs_seq; 0 where the architecture cannot).
+    rollback: int = 0
 
 
 class Context:
@@ -76,6 +82,7 @@ class Context:
         p.type_k = p.type_v = KV_TYPES[config.kv_type]
         p.embeddings = config.embeddings
         p.no_perf = True
+        p.n_rs_seq = config.rollback
         ptr = ll.llama_init_from_model(model.ptr, p)
         if not ptr:
             raise LocalspecError(f"cannot create a llama.cpp context for {model.path} "
@@ -85,8 +92,12 @@ class Context:
         self.n_ctx = ll.llama_n_ctx(ptr)
         self.mem = ll.llama_get_memory(ptr)
         # Its model keeps a recurrent state, which llama.cpp cannot cut back to an earlier
-        # position: a cut decodes what is kept again (restart).
+        # position: a cut restores the state saved at the last cut, or decodes what is kept
+        # again (restart). Verification rolls it back by what it rejects, up to `rollback`
+        # tokens of its batch (native accept).
         self.recurrent = model.recurrent
+        self.rollback = ll.llama_n_rs_seq(ptr) if self.recurrent else 0
+        self._saved: tuple[int, ctypes.Array] | None = None  # (position, recurrent state there)
         self.tokens: list[int] = []  # what sequence 0's KV cache holds, position by position
         # Leading positions computed exactly as a cold prefill of tokens[:n_exact] computes them.
         self.n_exact = 0
@@ -325,7 +336,7 @@ class Context:
     def truncate(self, n: int) -> None:
         """Keep the first n positions of sequence 0 (where rejected tokens go)."""
         if n < len(self.tokens) and self.recurrent:
-            self.restart(n)
+            self._back_to(n)
         elif n < len(self.tokens):
             self._seq_rm(-1, n, -1)
             del self.tokens[n:]
@@ -343,6 +354,26 @@ class Context:
         self.tokens.clear()
         self.n_exact = 0
         self._last = None
+        self._saved = None
+
+    def _back_to(self, n: int) -> None:
+        """A recurrent state back at position n: the state saved at m <= n restored and
+        tokens[m:n] decoded again (the attention layers' cells past m removed), else a
+        restart; then saved at n, where measurements and the prompt cache come back to."""
+        if self._saved is not None and self._saved[0] <= n:
+            m, state = self._saved
+            ll.llama_state_seq_set_data_ext(self.ptr, state, len(state), 0, PARTIAL_STATE)
+            self._seq_rm(0, m, -1)
+            keep = self.tokens[:n]
+            del self.tokens[m:]
+            if n > m:
+                decode_chunks(self, keep, m, n - 1, None, None)
+        else:
+            self.restart(n)
+        size = ll.llama_state_seq_get_size_ext(self.ptr, 0, PARTIAL_STATE)
+        state = (ctypes.c_uint8 * size)()
+        ll.llama_state_seq_get_data_ext(self.ptr, state, size, 0, PARTIAL_STATE)
+        self._saved = (n, state)
 
     def restart(self, n: int) -> None:
         """Hold the first n tokens by decoding them again from an empty cache, in the chunks a
@@ -351,6 +382,8 @@ class Context:
         keep, exact, last = self.tokens[:n], self.n_exact, self._last
         ll.llama_memory_clear(self.mem, True)
         self.tokens.clear()
+        if self._saved is not None and self._saved[0] > n:
+            self._saved = None
         if keep:
             decode_chunks(self, keep, 0, len(keep) - 1, None, None)
         self.n_exact = min(exact, n)
