@@ -46,6 +46,10 @@ class EngineConfig:
     n_gpu_layers: int | None = None  # None: every layer that fits on this machine's GPUs
     flash_attn: str = "auto"
     n_seq_max: int = 8     # root-to-leaf paths a draft tree may have
+    # Tokens a recurrent target's state can be rolled back by (Model.recurrent), so its
+    # longest chain: each is one more copy of the state (Qwen3.5-35B-A3B's: about 60 MB).
+    # 0: such a target decodes plainly.
+    rollback: int = 8
     # Greedy output bit-identical to plain decoding, not only up to ties: plain weight layouts
     # and a bf16 KV cache, under which llama.cpp's CPU batches of up to 6 tokens reproduce
     # single-token decoding exactly (the cost curve measures how far), and every batch (prompt
@@ -205,11 +209,6 @@ class RequestLock:
         return time.monotonic() - self.idle_since
 
 
-# Tokens a recurrent target's state can be rolled back by, so its longest chain: each step is
-# a copy of the state (Qwen3.5-35B-A3B's: about 60 MB).
-ROLLBACK = 8
-
-
 class Engine:
     def __init__(self, cfg: EngineConfig = EngineConfig(), progress: Progress | None = None,
                  log: LogHandler | None = None, notice: Notice = notice_on_stderr,
@@ -242,7 +241,7 @@ class Engine:
         config = ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads, flash_attn=cfg.flash_attn,
                                n_seq_max=1 if recurrent else cfg.n_seq_max, kv_type="bf16" if cfg.strict else "f16",
                                embeddings=features, sample_on_device=cfg.sample_on_device,
-                               shapes=() if recurrent else shapes, rollback=ROLLBACK if recurrent else 0)
+                               shapes=() if recurrent else shapes, rollback=cfg.rollback if recurrent else 0)
         self.slots = Slots(self.model, config, cfg.slots)
         self.ctx = self.slots.contexts[0]  # the slot the last request ran in
         if recurrent and not self.ctx.rollback and cfg.drafter.kind == "auto":

@@ -8,7 +8,7 @@
 ARCH: qwen3moe (Mixture of Experts), qwen35 (gated delta-net + attention), lfm2 (short
 convolution + attention), granitehybrid (mamba2 + attention), nemotron_h (mamba2 + attention +
 MLP layers), mamba2 (recurrent only). SIZE: tiny (embedding 128, 2-4 layers, ~50 MiB with a 49k
-vocabulary, made in ~0.6 s, loads in ~0.1 s), small (embedding 256, twice the layers). Tensor
+vocabulary, made in ~0.6 s, loads in ~0.1 s), small (embedding 256, twice the layers), 1b (embedding 1024, 8-16 layers: timing). Tensor
 names, shapes and keys follow llama.cpp's loaders (src/models/<arch>.cpp); dims are chosen to meet
 the CUDA kernels' limits too (SSM_CONV channels % 128, mamba2 d_state 128, delta-net head 32;
 checked on CPU only). The tokenizer (every
@@ -36,7 +36,9 @@ import platformdirs
 # The SmolLM2 model the tests pull (conftest.py's folder).
 DEFAULT_TOKENIZER = Path(os.environ.get("LOCALSPEC_TEST_MODELS") or platformdirs.user_cache_dir(
     "localspec-test-models")) / "smollm2-135m-instruct.gguf"
-SIZES = {"tiny": (128, 1), "small": (256, 2)}  # embedding, repeats of the layer pattern
+# embedding, repeats of the layer pattern; "1b": a small real model's width and depth (LFM2's
+# and Qwen3.5's smallest have 1024 and 16-24 layers), for timing, not its exact layer mix
+SIZES = {"tiny": (128, 1), "small": (256, 2), "1b": (1024, 4)}
 W, ONE, ZERO, ROUTER, CONV, A_NEG, DT = "w", "one", "zero", "router", "conv", "a", "dt"
 
 
