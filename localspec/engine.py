@@ -241,7 +241,9 @@ class Engine:
         config = ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads, flash_attn=cfg.flash_attn,
                                n_seq_max=1 if recurrent else cfg.n_seq_max, kv_type="bf16" if cfg.strict else "f16",
                                embeddings=features, sample_on_device=cfg.sample_on_device,
-                               shapes=() if recurrent else shapes, rollback=cfg.rollback if recurrent else 0)
+                               shapes=() if recurrent else shapes,
+                               # what rollback costs plain decoding: docs/benchmarks.md#hybrid-targets
+                               rollback=cfg.rollback if recurrent and cfg.drafter.kind != "none" else 0)
         self.slots = Slots(self.model, config, cfg.slots)
         self.ctx = self.slots.contexts[0]  # the slot the last request ran in
         if recurrent and not self.ctx.rollback and cfg.drafter.kind == "auto":
@@ -299,9 +301,10 @@ class Engine:
             return spec
         if spec.kind == "auto":
             return NONE
-        raise LocalspecError(f"drafter {spec.label}: {self.model.architecture} keeps a recurrent state that this "
-                             "llama.cpp cannot roll back to a rejected draft: decode it plainly (--drafter none, "
-                             "or auto, which does)")
+        why = ("this engine was started with --drafter none" if self.cfg.drafter.kind == "none"
+               else "this llama.cpp cannot roll it back to a rejected draft")
+        raise LocalspecError(f"drafter {spec.label}: {self.model.architecture} keeps a recurrent state and {why}: "
+                             "it decodes plainly (--drafter none, or auto, which does)")
 
     def controller(self, spec: DrafterSpec) -> Controller:
         """What runs a request with this spec."""

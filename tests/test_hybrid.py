@@ -113,3 +113,17 @@ def test_without_rollback_speculation_is_one_line_and_auto_decodes_plainly(engin
     assert answer(engine, PROMPT, drafter="auto").tokens == cold
     assert any("recurrent state" in n for n in engine.notices)
     assert engine.ready(DrafterSpec.parse("auto"))
+
+
+def test_a_plain_engine_keeps_no_rollback_and_says_why_it_refuses(tmp_path, small_path):
+    """--drafter none: no rollback steps (each costs a copy of the state per decode), and a
+    request that names a drafter hears why it is refused."""
+    path = make("qwen35", "tiny", tmp_path / "qwen35.gguf", tokenizer=small_path)
+    engine = Engine(EngineConfig(model=str(path), n_ctx=512, threads=2, drafter=DrafterSpec("none")))
+    try:
+        assert engine.ctx.rollback == 0
+        with pytest.raises(LocalspecError, match="started with --drafter none"):
+            answer(engine, PROMPT, drafter="lookup")
+        assert len(answer(engine, PROMPT).tokens) == 24
+    finally:
+        engine.close()

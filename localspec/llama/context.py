@@ -13,15 +13,14 @@ import llama_cpp as ll
 import numpy as np
 
 from localspec import _native
-from localspec.llama import rpc
+from localspec.llama import recurrent, rpc
+from localspec.llama.chunks import decode_chunks
 from localspec.llama.model import Model
 from localspec.errors import LocalspecError
 
 FLASH_ATTN = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
               "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 KV_TYPES = {"f16": 1, "bf16": 30, "q8_0": 8, "f32": 0}  # ggml_type values
-# llama_state_seq_*_ext: only the recurrent part of a sequence's state (its KV cells stay).
-PARTIAL_STATE = 1
 PROGRESS_AFTER = 512  # tokens of prompt to decode beyond which prefill reports progress
 
 
@@ -61,6 +60,25 @@ class ContextConfig:
     rollback: int = 0
 
 
+def context_params(config: ContextConfig) -> ll.llama_context_params:
+    p = ll.llama_context_default_params()
+    p.n_ctx = config.n_ctx
+    p.n_batch = config.n_batch
+    p.n_ubatch = min(config.n_ubatch, config.n_batch)
+    p.n_seq_max = config.n_seq_max + (1 if config.shapes else 0)  # the last: padding's
+    # A draft tree's rows are all outputs, and the pending tokens and root are in every
+    # sequence: with the argmax in the graph, a sequence may output a whole batch.
+    p.n_outputs_max_per_seq = config.n_batch
+    p.kv_unified = True  # one KV buffer: sequence masks over it are tree-attention masks
+    p.n_threads = p.n_threads_batch = config.n_threads or default_threads()
+    p.flash_attn_type = FLASH_ATTN[config.flash_attn]
+    p.type_k = p.type_v = KV_TYPES[config.kv_type]
+    p.embeddings = config.embeddings
+    p.no_perf = True
+    p.n_rs_seq = config.rollback
+    return p
+
+
 class Context:
     """Owns a llama_context. Sequence 0 is the main sequence; `tokens` is what its KV holds,
     which is what the prefix cache compares a new prompt against."""
@@ -68,22 +86,7 @@ class Context:
     def __init__(self, model: Model, config: ContextConfig = ContextConfig()):
         self.model = model
         self.config = config
-        p = ll.llama_context_default_params()
-        p.n_ctx = config.n_ctx
-        p.n_batch = config.n_batch
-        p.n_ubatch = min(config.n_ubatch, config.n_batch)
-        p.n_seq_max = config.n_seq_max + (1 if config.shapes else 0)  # the last: padding's
-        # A draft tree's rows are all outputs, and the pending tokens and root are in every
-        # sequence: with the argmax in the graph, a sequence may output a whole batch.
-        p.n_outputs_max_per_seq = config.n_batch
-        p.kv_unified = True  # one KV buffer: sequence masks over it are tree-attention masks
-        p.n_threads = p.n_threads_batch = config.n_threads or default_threads()
-        p.flash_attn_type = FLASH_ATTN[config.flash_attn]
-        p.type_k = p.type_v = KV_TYPES[config.kv_type]
-        p.embeddings = config.embeddings
-        p.no_perf = True
-        p.n_rs_seq = config.rollback
-        ptr = ll.llama_init_from_model(model.ptr, p)
+        ptr = ll.llama_init_from_model(model.ptr, context_params(config))
         if not ptr:
             raise LocalspecError(f"cannot create a llama.cpp context for {model.path} "
                                  f"(n_ctx={config.n_ctx}, n_seq_max={config.n_seq_max})")
@@ -91,13 +94,11 @@ class Context:
         rpc.keepalive(model.rpc)  # the context's buffers may have opened connections
         self.n_ctx = ll.llama_n_ctx(ptr)
         self.mem = ll.llama_get_memory(ptr)
-        # Its model keeps a recurrent state, which llama.cpp cannot cut back to an earlier
-        # position: a cut restores the state saved at the last cut, or decodes what is kept
-        # again (restart). Verification rolls it back by what it rejects, up to `rollback`
-        # tokens of its batch (native accept).
+        # A recurrent state: cut back by recurrent.py, rolled back by verification (up to
+        # `rollback` tokens of its batch).
         self.recurrent = model.recurrent
         self.rollback = ll.llama_n_rs_seq(ptr) if self.recurrent else 0
-        self._saved: tuple[int, ctypes.Array] | None = None  # (position, recurrent state there)
+        self.saved: tuple[int, ctypes.Array] | None = None  # (position, its recurrent state: recurrent.py)
         self.tokens: list[int] = []  # what sequence 0's KV cache holds, position by position
         # Leading positions computed exactly as a cold prefill of tokens[:n_exact] computes them.
         self.n_exact = 0
@@ -219,7 +220,7 @@ class Context:
         launched, self.inflight = self.inflight[0], None
         if self.recurrent:  # the batch is in the state: decode what the cache holds again
             self.synchronize()
-            self.restart(len(self.tokens))
+            recurrent.restart(self, len(self.tokens))
         else:
             _native.abandon(self.ptr, launched)
 
@@ -336,7 +337,7 @@ class Context:
     def truncate(self, n: int) -> None:
         """Keep the first n positions of sequence 0 (where rejected tokens go)."""
         if n < len(self.tokens) and self.recurrent:
-            self._back_to(n)
+            recurrent.back_to(self, n)
         elif n < len(self.tokens):
             self._seq_rm(-1, n, -1)
             del self.tokens[n:]
@@ -354,40 +355,7 @@ class Context:
         self.tokens.clear()
         self.n_exact = 0
         self._last = None
-        self._saved = None
-
-    def _back_to(self, n: int) -> None:
-        """A recurrent state back at position n: the state saved at m <= n restored and
-        tokens[m:n] decoded again (the attention layers' cells past m removed), else a
-        restart; then saved at n, where measurements and the prompt cache come back to."""
-        if self._saved is not None and self._saved[0] <= n:
-            m, state = self._saved
-            ll.llama_state_seq_set_data_ext(self.ptr, state, len(state), 0, PARTIAL_STATE)
-            self._seq_rm(0, m, -1)
-            keep = self.tokens[:n]
-            del self.tokens[m:]
-            if n > m:
-                decode_chunks(self, keep, m, n - 1, None, None)
-        else:
-            self.restart(n)
-        size = ll.llama_state_seq_get_size_ext(self.ptr, 0, PARTIAL_STATE)
-        state = (ctypes.c_uint8 * size)()
-        ll.llama_state_seq_get_data_ext(self.ptr, state, size, 0, PARTIAL_STATE)
-        self._saved = (n, state)
-
-    def restart(self, n: int) -> None:
-        """Hold the first n tokens by decoding them again from an empty cache, in the chunks a
-        cold prompt forms: how a recurrent state goes back to an earlier position (its rows
-        cannot be removed). As slow as reading that prompt."""
-        keep, exact, last = self.tokens[:n], self.n_exact, self._last
-        ll.llama_memory_clear(self.mem, True)
-        self.tokens.clear()
-        if self._saved is not None and self._saved[0] > n:
-            self._saved = None
-        if keep:
-            decode_chunks(self, keep, 0, len(keep) - 1, None, None)
-        self.n_exact = min(exact, n)
-        self._last = last if last is not None and last[0] <= n else None
+        self.saved = None
 
     def branch(self, src: int, dst: int) -> None:
         """Make sequence `dst` a copy of sequence `src` (a draft tree's next level)."""
@@ -406,38 +374,6 @@ class Context:
     def _seq_rm(self, seq: int, p0: int, p1: int) -> None:
         if not ll.llama_memory_seq_rm(self.mem, seq, p0, p1):
             raise LocalspecError(f"cannot remove positions [{p0}, {p1}) of sequence {seq}")
-
-
-def decode_chunks(ctx: Context, tokens: Sequence[int], start: int, first_out: int,
-                  on_outputs: Callable[[int, list[int]], None] | None,
-                  report: Callable[[int, int], None] | None) -> int:
-    """Decode tokens[start:] into sequence 0 in chunks that start at multiples of ctx.chunk
-    (Context.prefill says why), positions from first_out on with their outputs (handed to
-    on_outputs after each chunk); returns the last chunk's length."""
-    n, c = len(tokens), ctx.chunk
-    # A context returning hidden states outputs every row of a batch (llama.cpp's rule),
-    # running the LM head over every prompt token: only chunks with outputs get them.
-    # Which rows a batch outputs cannot change the KV cache.
-    hidden, begun = ctx.config.embeddings, start
-    try:
-        while start < n:
-            end = min(n, (start // c + 1) * c)
-            chunk = tokens[start:end]
-            outputs = [p >= first_out for p in range(start, end)]
-            if hidden:
-                ll.llama_set_embeddings(ctx.ptr, outputs[-1])
-            ctx.decode(chunk, range(start, end), outputs=outputs)
-            ctx.tokens.extend(chunk)
-            if on_outputs and outputs[-1]:
-                first = max(start, first_out)
-                on_outputs(first, list(range(first - start, end - start)))
-            start = end
-            if report:
-                report(end - begun, n - begun)
-    finally:
-        if hidden:
-            ll.llama_set_embeddings(ctx.ptr, True)
-    return len(chunk)
 
 
 def read_row(ctx: Context, row: int) -> np.ndarray | tuple[np.ndarray, np.ndarray] | int | None:

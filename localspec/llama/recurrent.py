@@ -1,0 +1,54 @@
+"""A context whose model keeps a recurrent state (Model.recurrent: Mamba's, a gated delta-net's,
+short convolutions'), which llama.cpp cannot cut back to an earlier position. Verification
+rolls it back by what it rejects (llama.cpp's n_rs_seq, native accept); every other cut goes
+through here: the recurrent part of the state saved at the last cut is restored where that
+is at or before the cut, else the kept tokens are decoded again as a cold prompt is."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING
+
+import llama_cpp as ll
+
+from localspec.errors import LocalspecError
+from localspec.llama.chunks import decode_chunks
+
+if TYPE_CHECKING:
+    from localspec.llama.context import Context
+
+# llama_state_seq_*_ext: only the recurrent part of a sequence's state (its KV cells stay).
+PARTIAL_STATE = 1
+
+
+def back_to(ctx: Context, n: int) -> None:
+    """The context's state back at position n: the state saved at m <= n restored (the
+    attention layers' cells from m on removed) and tokens[m:n] decoded again, else a restart;
+    then saved at n, where measurements and the prompt cache come back to."""
+    if ctx.saved is not None and ctx.saved[0] <= n:
+        m, state = ctx.saved
+        ll.llama_state_seq_set_data_ext(ctx.ptr, state, len(state), 0, PARTIAL_STATE)
+        if not ll.llama_memory_seq_rm(ctx.mem, 0, m, -1):  # the restored state ends at m
+            raise LocalspecError(f"cannot go back to position {m} of a recurrent state")
+        keep = ctx.tokens[:n]
+        del ctx.tokens[m:]
+        if n > m:
+            decode_chunks(ctx, keep, m, n - 1, None, None)
+    else:
+        restart(ctx, n)
+    size = ll.llama_state_seq_get_size_ext(ctx.ptr, 0, PARTIAL_STATE)
+    state = (ctypes.c_uint8 * size)()
+    ll.llama_state_seq_get_data_ext(ctx.ptr, state, size, 0, PARTIAL_STATE)
+    ctx.saved = (n, state)
+
+
+def restart(ctx: Context, n: int) -> None:
+    """Hold the first n tokens by decoding them again from an empty cache, in the chunks a
+    cold prompt forms. As slow as reading that prompt."""
+    keep = ctx.tokens[:n]
+    ll.llama_memory_clear(ctx.mem, True)
+    ctx.tokens.clear()
+    if ctx.saved is not None and ctx.saved[0] > n:
+        ctx.saved = None
+    if keep:
+        decode_chunks(ctx, keep, 0, len(keep) - 1, None, None)
