@@ -387,7 +387,9 @@ def bench_synthetic(a: argparse.Namespace) -> None:
     if a.repeat < 1:
         raise LocalspecError("--repeat must be at least 1")
     cfg = pulled_config(a, [DrafterSpec("none")])
-    cfg = replace(cfg, n_seq_max=max(cfg.n_seq_max, len(rates) + 1), store=StoreSetting("off"))
+    # trees of K + 1 leaves; chains of K on a recurrent target (its state rolled back by up to K)
+    cfg = replace(cfg, n_seq_max=max(cfg.n_seq_max, len(rates) + 1), store=StoreSetting("off"),
+                  drafter=DrafterSpec("lookup"), rollback=max(cfg.rollback, len(rates)))
     engine = Engine(cfg, progress=StderrProgress())
     try:
         engine.prepare(DrafterSpec("lookup"))  # the cost curve, and the batch shapes it keeps

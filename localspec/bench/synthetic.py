@@ -144,20 +144,27 @@ class Arm:
         return float(np.median(values)) * 1e3 if values else None
 
 
-def arms(rates: Sequence[float]) -> list[Arm]:
+def arms(rates: Sequence[float], trees: bool = True) -> list[Arm]:
+    """Plain, a chain of K, a tree of 2K (`trees`: a target that verifies them) and a chain with
+    every third step plain."""
     k = len(rates)
-    return [Arm("plain"), Arm(f"chain K={k}", 1), Arm(f"tree 2×{k}", 2), Arm(f"chain K={k}, every 3rd step plain", 1, 3)]
+    tree = [Arm(f"tree 2×{k}", 2)] if trees else []
+    return [Arm("plain"), Arm(f"chain K={k}", 1)] + tree + [Arm(f"chain K={k}, every 3rd step plain", 1, 3)]
 
 
 def run_synthetic(engine: Engine, prompts: list[list[int]], rates: Sequence[float], max_tokens: int,
                   repeat: int = 1, seed: int = 0) -> list[Arm]:
     """Plain decoding of each prompt gives its truth; then every arm runs it `repeat` times in
     alternating order, through the loop as a request runs it (greedy, the context cold)."""
-    configs = arms(rates)
     greedy = SamplingConfig(temperature=0)
     ctx = engine.ctx
     k = len(rates)
-    if 2 * k + 1 > ctx.config.n_batch or k + 1 > ctx.config.n_seq_max:
+    if ctx.rollback and k > ctx.rollback:
+        raise LocalspecError(f"a chain of {k} on {engine.model.architecture}: its state rolls back by at most "
+                             f"{ctx.rollback} tokens")
+    # A recurrent target verifies chains only (one sequence, rolled back by what it rejects).
+    configs = arms(rates, trees=not ctx.recurrent)
+    if not ctx.recurrent and (2 * k + 1 > ctx.config.n_batch or k + 1 > ctx.config.n_seq_max):
         raise LocalspecError(f"a tree of 2×{k} needs n_batch ≥ {2 * k + 1} and {k + 1} sequences")
     curve = engine.planning.prepare()
 
