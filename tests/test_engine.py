@@ -225,7 +225,8 @@ def test_cost_curve_measures_what_context_adds(small_model, tmp_path, monkeypatc
     from localspec.llama.measure import cost_curve
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
-    with Context(small_model, ContextConfig(n_ctx=2048, n_threads=2)) as ctx:
+    # 1024: the long context is 1018 tokens, enough to tell (measure.long_context)
+    with Context(small_model, ContextConfig(n_ctx=1024, n_threads=2)) as ctx:
         curve = cost_curve(ctx, max_batch=6, repeats=2)
         assert len(curve.per_context) == 6 and all(k >= 0 for k in curve.per_context)
         assert cost_curve(ctx, max_batch=6) == curve  # per_context is cached with the rest
@@ -233,7 +234,7 @@ def test_cost_curve_measures_what_context_adds(small_model, tmp_path, monkeypatc
     with Context(small_model, ContextConfig(n_ctx=256, n_threads=2)) as small:
         assert cost_curve(small, max_batch=6) == curve  # a small context reads the same curve
         cost_curve(small, max_batch=6, refresh=True)  # its own, cached without per_context
-    with Context(small_model, ContextConfig(n_ctx=2048, n_threads=2)) as ctx:
+    with Context(small_model, ContextConfig(n_ctx=1024, n_threads=2)) as ctx:
         assert len(cost_curve(ctx, max_batch=6, repeats=2).per_context) == 6  # measured again
 
 

@@ -269,7 +269,13 @@ class Context:
         # whole chunks before them are.
         self.n_exact = n if reuse <= base else base
         report = progress if progress is not None and n - reuse > PROGRESS_AFTER else None
-        last_chunk = decode_chunks(self, tokens, reuse, n - max(1, n_outputs), on_outputs, report)
+        first_out = n - max(1, n_outputs)
+        start, boundary = reuse, first_out // self.chunk * self.chunk  # a recurrent state is saved there
+        if self.recurrent and start < boundary:  # for a later prompt that shares it
+            decode_chunks(self, tokens[:boundary], start, boundary, None, report)
+            recurrent.save(self)
+            start, report = boundary, None
+        last_chunk = decode_chunks(self, tokens, start, first_out, on_outputs, report)
         last = read_row(self, last_chunk - 1)
         if last is not None:
             self._last = (n, last)

@@ -36,10 +36,15 @@ def back_to(ctx: Context, n: int) -> None:
             decode_chunks(ctx, keep, m, n - 1, None, None)
     else:
         restart(ctx, n)
+    save(ctx)
+
+
+def save(ctx: Context) -> None:
+    """Keep the recurrent part of the state at the context's end (one slot: the last saved)."""
     size = ll.llama_state_seq_get_size_ext(ctx.ptr, 0, PARTIAL_STATE)
     state = (ctypes.c_uint8 * size)()
     ll.llama_state_seq_get_data_ext(ctx.ptr, state, size, 0, PARTIAL_STATE)
-    ctx.saved = (n, state)
+    ctx.saved = (len(ctx.tokens), state)
 
 
 def restart(ctx: Context, n: int) -> None:
