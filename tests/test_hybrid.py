@@ -128,3 +128,23 @@ def test_a_plain_engine_keeps_no_rollback_and_says_why_it_refuses(tmp_path, smal
         assert len(answer(engine, PROMPT).tokens) == 24
     finally:
         engine.close()
+
+
+def test_a_server_on_recurrent_targets(tmp_path, small_path):
+    """Over HTTP: a family whose state rolls back speculates when a request names a drafter;
+    one whose state does not answers that request with a 400 and its one line, and plainly
+    otherwise."""
+    import httpx
+
+    from test_serve import serving
+
+    for arch, status in (("qwen35", 200), ("granitehybrid", 400)):
+        path = make(arch, "tiny", tmp_path / f"{arch}.gguf", tokenizer=small_path)
+        with serving(path, threads=2) as (url, _):
+            body = {"prompt": PROMPT, "n_predict": 16, "drafter": "lookup", "temperature": 0}
+            r = httpx.post(f"{url}/completion", json=body, timeout=60)
+            assert r.status_code == status, r.text
+            if status == 400:
+                assert "recurrent state" in r.json()["error"]["message"]
+            chat = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+            assert httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=60).status_code == 200
