@@ -7,17 +7,21 @@
 
 ARCH: qwen3moe (Mixture of Experts), qwen35 (gated delta-net + attention), lfm2 (short
 convolution + attention), granitehybrid (mamba2 + attention), nemotron_h (mamba2 + attention +
-MLP layers), mamba2 (recurrent only). SIZE: tiny (embedding 128, 2-4 layers, ~50 MiB with a 49k
-vocabulary, made in ~0.6 s, loads in ~0.1 s), small (embedding 256, twice the layers), 1b (embedding 1024, 8-16 layers: timing). Tensor
-names, shapes and keys follow llama.cpp's loaders (src/models/<arch>.cpp); dims are chosen to meet
-the CUDA kernels' limits too (SSM_CONV channels % 128, mamba2 d_state 128, delta-net head 32;
-checked on CPU only). The tokenizer (every
-`tokenizer.*` key) comes from another GGUF, the SmolLM2 test model by default; token embedding
-and output have its vocabulary size. Weights are F32, drawn from `seed`: the same seed gives the
-same file. Matrices ~N(0, 0.02), norms 1, the MoE router ~N(0, 0.1) (tokens pick different
-experts); recurrent parameters use the models' own initialisations, which keep the recurrence
-stable: A = -exp(A_log) in [-16, -1], dt bias = softplus^-1(dt) with dt log-uniform in [1e-3,
-0.1], D = 1, conv weights ~U(+-1/sqrt(kernel)), conv bias 0.
+MLP layers), mamba2 (recurrent only); qwen35moe, lfm2moe, nemotron_h_moe (their MoE versions),
+qwen3next (Qwen3.5's MoE forerunner), falcon-h1 (attention beside mamba2 in each layer), jamba
+(mamba + attention, MoE), rwkv7 (recurrent only), kimi-linear (Kimi delta attention + MLA, MoE).
+SIZE: tiny (embedding 128, 2-4 layers, ~50 MiB with a 49k vocabulary, made in ~0.6 s, loads in
+~0.1 s), small (embedding 256, twice the layers), 1b (embedding 1024, 8-16 layers: timing; the
+MoE ones up to 2.3 GiB). Tensor names, shapes and keys follow llama.cpp's loaders
+(src/models/<arch>.cpp); dims are chosen to meet the CUDA kernels' limits too (SSM_CONV channels
+% 128, mamba2 d_state 128, mamba d_state 16, delta-net head 32, RWKV-7 head 64; checked on CPU
+only). The tokenizer (every `tokenizer.*` key) comes from another GGUF, the SmolLM2 test model by
+default; token embedding and output have its vocabulary size. Weights are F32, drawn from
+`seed`: the same seed gives the same file. Matrices ~N(0, 0.02), norms 1 (biases 0), the MoE
+router ~N(0, 0.1) (tokens pick different experts); recurrent parameters use the models' own
+initialisations, which keep the recurrence stable: A = -exp(A_log) in [-16, -1], dt bias =
+softplus^-1(dt) with dt log-uniform in [1e-3, 0.1], D = 1, conv weights ~U(+-1/sqrt(kernel)),
+conv bias 0.
 """
 from __future__ import annotations
 
@@ -47,20 +51,26 @@ def norm(E, *names):
     return [(f"{name}.weight", (E,), ONE) for name in names]
 
 
+def layernorm(E, *names):  # weight and bias
+    return [t for name in names for t in [(f"{name}.weight", (E,), ONE), (f"{name}.bias", (E,), ZERO)]]
+
+
 def attn(E, H, KV, D, q_mult=1, qk_norm=False):  # q_mult 2: Qwen3.5's query + gate
     t = [("attn_q.weight", (E, H * D * q_mult), W), ("attn_k.weight", (E, KV * D), W),
          ("attn_v.weight", (E, KV * D), W), ("attn_output.weight", (H * D, E), W)]
     return t + ([("attn_q_norm.weight", (D,), ONE), ("attn_k_norm.weight", (D,), ONE)] if qk_norm else [])
 
 
-def ffn(E, F, gate=True):
-    t = [("ffn_up.weight", (E, F), W), ("ffn_down.weight", (F, E), W)]
-    return t + ([("ffn_gate.weight", (E, F), W)] if gate else [])
+def ffn(E, F, gate=True, suffix=""):  # suffix "_shexp": a shared expert
+    t = [(f"ffn_up{suffix}.weight", (E, F), W), (f"ffn_down{suffix}.weight", (F, E), W)]
+    return t + ([(f"ffn_gate{suffix}.weight", (E, F), W)] if gate else [])
 
 
-def moe(E, X, FX):
-    return [("ffn_gate_inp.weight", (E, X), ROUTER), ("ffn_gate_exps.weight", (E, FX, X), W),
-            ("ffn_up_exps.weight", (E, FX, X), W), ("ffn_down_exps.weight", (FX, E, X), W)]
+def moe(E, X, FX, gate=True, bias=False):  # bias: the router's (DeepSeek-V3 style)
+    t = [("ffn_gate_inp.weight", (E, X), ROUTER)]
+    t += [("ffn_gate_exps.weight", (E, FX, X), W)] if gate else []
+    t += [("ffn_up_exps.weight", (E, FX, X), W), ("ffn_down_exps.weight", (FX, E, X), W)]
+    return t + ([("exp_probs_b.bias", (X,), ZERO)] if bias else [])
 
 
 def mamba2(E, I, N, H, G, K):  # inner size, state size, heads, groups, conv kernel
@@ -70,12 +80,20 @@ def mamba2(E, I, N, H, G, K):  # inner size, state size, heads, groups, conv ker
             ("ssm_d", (1, H), ONE), ("ssm_norm.weight", (I // G, G), ONE), ("ssm_out.weight", (I, E), W)]
 
 
-def gated_delta_net(E, N, HK, HV, K):  # head dim, key heads, value heads, conv kernel
+def mamba1(E, I, N, R, K):  # inner size, state size, dt rank, conv kernel
+    return [("ssm_in.weight", (E, 2 * I), W), ("ssm_conv1d.weight", (K, I), CONV),
+            ("ssm_conv1d.bias", (I,), ZERO), ("ssm_x.weight", (I, R + 2 * N), W),
+            ("ssm_dt.weight", (R, I), W), ("ssm_dt.bias", (I,), DT), ("ssm_a", (N, I), A_NEG),
+            ("ssm_d", (I,), ONE), ("ssm_out.weight", (I, E), W)]
+
+
+def gated_delta_net(E, N, HK, HV, K, fused_ba=False):  # head dim, key/value heads, conv kernel
     C = 2 * N * HK + N * HV
+    ba = ([("ssm_ba.weight", (E, 2 * HV), W)] if fused_ba else  # Qwen3-Next's beta and alpha
+          [("ssm_beta.weight", (E, HV), W), ("ssm_alpha.weight", (E, HV), W)])
     return [("attn_qkv.weight", (E, C), W), ("attn_gate.weight", (E, N * HV), W),
             ("ssm_conv1d.weight", (K, C), CONV), ("ssm_dt.bias", (HV,), DT), ("ssm_a", (HV,), A_NEG),
-            ("ssm_beta.weight", (E, HV), W), ("ssm_alpha.weight", (E, HV), W),
-            ("ssm_norm.weight", (N,), ONE), ("ssm_out.weight", (N * HV, E), W)]
+            *ba, ("ssm_norm.weight", (N,), ONE), ("ssm_out.weight", (N * HV, E), W)]
 
 
 def shortconv(E, L):
@@ -83,38 +101,49 @@ def shortconv(E, L):
             ("shortconv.out_proj.weight", (E, E), W)]
 
 
+def experts(X, FX, shared=0, **more):  # the MoE keys
+    return {"expert_count": X, "expert_used_count": 2, "expert_feed_forward_length": FX,
+            **({"expert_shared_feed_forward_length": shared} if shared else {}), **more}
+
+
 # Per architecture: the `ARCH.*` keys, the layer pattern (one letter a layer) and each letter's
-# tensors. R: recurrent, A: attention, F: feed-forward only.
+# tensors (R: recurrent, A: attention, F: feed-forward only, M: recurrent + MoE), and "head":
+# the final norm where it is not output_norm.weight.
 def qwen3moe(E, n):
-    H, KV, D, X, K = E // 32, E // 64, 64, 8, 2
+    H, KV, D, X = E // 32, E // 64, 64, 8
     kv = {"feed_forward_length": 3 * E, "attention.head_count": H, "attention.head_count_kv": KV,
           "attention.key_length": D, "attention.value_length": D, "rope.freq_base": 1e6,
-          "attention.layer_norm_rms_epsilon": 1e-6, "expert_count": X, "expert_used_count": K,
-          "expert_feed_forward_length": E}
+          "attention.layer_norm_rms_epsilon": 1e-6, **experts(X, E)}
     return kv, "AA" * n, {"A": norm(E, "attn_norm") + attn(E, H, KV, D, qk_norm=True)
                           + norm(E, "ffn_norm") + moe(E, X, E)}
 
 
-def qwen35(E, n):
+def qwen35(E, n, X=0, next_=False):  # X experts (qwen35moe); next_: Qwen3-Next
     H, D, N, HK, HV = E // 64, 64, 32, E // 64, E // 32
     kv = {"feed_forward_length": 2 * E, "attention.head_count": H, "attention.head_count_kv": 1,
           "attention.key_length": D, "attention.value_length": D, "rope.freq_base": 1e7,
           "rope.dimension_count": 16, "rope.dimension_sections": [3, 3, 2, 0],
           "attention.layer_norm_rms_epsilon": 1e-6, "full_attention_interval": 2,
           "ssm.conv_kernel": 4, "ssm.state_size": N, "ssm.group_count": HK,
-          "ssm.time_step_rank": HV, "ssm.inner_size": N * HV}
-    common = norm(E, "attn_norm", "post_attention_norm") + ffn(E, 2 * E)
-    return kv, "RA" * 2 * n, {"R": common + gated_delta_net(E, N, HK, HV, 4),
+          "ssm.time_step_rank": HV, "ssm.inner_size": N * HV, **(experts(X, E, shared=E) if X else {})}
+    if next_:  # plain (partial) RoPE
+        del kv["rope.dimension_sections"]
+    mlp = (moe(E, X, E) + ffn(E, E, suffix="_shexp") + [("ffn_gate_inp_shexp.weight", (E,), W)]
+           if X else ffn(E, 2 * E))
+    common = norm(E, "attn_norm", "post_attention_norm") + mlp
+    return kv, "RA" * 2 * n, {"R": common + gated_delta_net(E, N, HK, HV, 4, fused_ba=next_),
                               "A": common + attn(E, H, 1, D, q_mult=2, qk_norm=True)}
 
 
-def lfm2(E, n):
+def lfm2(E, n, X=0):  # X experts: lfm2moe
     H, pattern = E // 64, "RARA" * n
     kv = {"feed_forward_length": 2 * E, "attention.head_count": H,
           "attention.head_count_kv": [0 if c == "R" else H for c in pattern], "rope.freq_base": 1e6,
-          "attention.layer_norm_rms_epsilon": 1e-5, "shortconv.l_cache": 3}
-    common = norm(E, "attn_norm", "ffn_norm") + ffn(E, 2 * E)
-    return kv, pattern, {"R": common + shortconv(E, 3), "A": common + attn(E, H, H, 64, qk_norm=True)}
+          "attention.layer_norm_rms_epsilon": 1e-5, "shortconv.l_cache": 3,
+          **(experts(X, E, expert_gating_func=2) if X else {})}  # 2: sigmoid
+    common = norm(E, "attn_norm", "ffn_norm") + (moe(E, X, E, bias=True) if X else ffn(E, 2 * E))
+    return kv, pattern, {"R": common + shortconv(E, 3), "A": common + attn(E, H, H, 64, qk_norm=True),
+                         "head": norm(E, "token_embd_norm")}  # LFM2's final norm's (odd) name
 
 
 def granitehybrid(E, n):
@@ -127,17 +156,19 @@ def granitehybrid(E, n):
     return kv, pattern, {"R": common + mamba2(E, I, N, HS, 1, 4), "A": common + attn(E, H, 1, 64)}
 
 
-def nemotron_h(E, n):  # Nemotron-H's "M*M-": mamba2, attention, mamba2, MLP
+def nemotron_h(E, n, X=0):  # Nemotron-H's "M*M-": mamba2, attention, mamba2, MLP (MoE: X experts)
     H, pattern, I, N, HS = E // 64, "RARF" * n, 2 * E, 128, 2 * E // 32
     kv = {"feed_forward_length": [2 * E if c == "F" else 0 for c in pattern],
           "attention.head_count": H, "attention.head_count_kv": [1 if c == "A" else 0 for c in pattern],
           "attention.key_length": 64, "attention.value_length": 64,
           "attention.layer_norm_epsilon": 1e-5, "attention.layer_norm_rms_epsilon": 1e-5,
           "ssm.conv_kernel": 4, "ssm.inner_size": I, "ssm.state_size": N, "ssm.time_step_rank": HS,
-          "ssm.group_count": 1}
+          "ssm.group_count": 1, **(experts(X, E, shared=E, expert_weights_norm=True,
+                                           expert_weights_scale=2.5) if X else {})}
+    mlp = (moe(E, X, E, gate=False, bias=True) + ffn(E, E, gate=False, suffix="_shexp")
+           if X else ffn(E, 2 * E, gate=False))
     return kv, pattern, {"R": norm(E, "attn_norm") + mamba2(E, I, N, HS, 1, 4),
-                         "A": norm(E, "attn_norm") + attn(E, H, 1, 64),
-                         "F": norm(E, "attn_norm") + ffn(E, 2 * E, gate=False)}
+                         "A": norm(E, "attn_norm") + attn(E, H, 1, 64), "F": norm(E, "attn_norm") + mlp}
 
 
 def mamba2_plain(E, n):
@@ -147,9 +178,70 @@ def mamba2_plain(E, n):
     return kv, "RR" * n, {"R": norm(E, "attn_norm") + mamba2(E, I, N, HS, 1, 4)}
 
 
+def falcon_h1(E, n):  # attention and mamba2 side by side in every layer
+    H, I, N, HS = E // 64, 2 * E, 128, 2 * E // 32
+    kv = {"feed_forward_length": 2 * E, "attention.head_count": H, "attention.head_count_kv": 1,
+          "rope.freq_base": 1e11, "attention.layer_norm_rms_epsilon": 1e-5, "ssm.conv_kernel": 4,
+          "ssm.inner_size": I, "ssm.state_size": N, "ssm.time_step_rank": HS, "ssm.group_count": 1}
+    return kv, "RR" * n, {"R": norm(E, "attn_norm") + attn(E, H, 1, 64) + mamba2(E, I, N, HS, 1, 4)
+                          + [("ffn_norm", (E,), ONE)] + ffn(E, 2 * E)}  # no .weight, as converted
+
+
+def jamba(E, n):  # mamba (1) or attention layers, MoE every other layer
+    H, pattern, I, N, R, X = E // 64, "RMAM" * n, 2 * E, 16, E // 16, 4
+    kv = {"feed_forward_length": 2 * E, "attention.head_count": H,
+          "attention.head_count_kv": [1 if c == "A" else 0 for c in pattern],
+          "attention.layer_norm_rms_epsilon": 1e-6, "ssm.conv_kernel": 4, "ssm.inner_size": I,
+          "ssm.state_size": N, "ssm.time_step_rank": R, "expert_count": X, "expert_used_count": 2}
+    ssm = (norm(E, "attn_norm", "ffn_norm") + mamba1(E, I, N, R, 4) + norm(R, "ssm_dt_norm")
+           + norm(N, "ssm_b_norm", "ssm_c_norm"))
+    return kv, pattern, {"R": ssm + ffn(E, 2 * E), "M": ssm + moe(E, X, 2 * E),
+                         "A": norm(E, "attn_norm", "ffn_norm") + attn(E, H, 1, 64) + ffn(E, 2 * E)}
+
+
+def rwkv7(E, n):
+    L = 16  # the LoRA ranks (decay, in-context learning rate, value residual mix; gate: 2 L)
+    kv = {"feed_forward_length": 4 * E, "attention.layer_norm_epsilon": 1e-5, "wkv.head_size": 64,
+          "attention.decay_lora_rank": L, "attention.iclr_lora_rank": L,
+          "attention.value_residual_mix_lora_rank": L, "attention.gate_lora_rank": 2 * L}
+    lora = [t for x in "wav" for t in [(f"time_mix_{x}1.weight", (E, L), W),
+                                       (f"time_mix_{x}2.weight", (L, E), W)]]
+    # the output gate ~N(0, 0.1) as the router: at 0.02 it (~0.06) all but mutes the time mix
+    lora += [("time_mix_g1.weight", (E, 2 * L), W), ("time_mix_g2.weight", (2 * L, E), ROUTER)]
+    mix = [(f"time_mix_{x}.weight", (E,), W) for x in ("w0", "a0", "v0", "k_k", "k_a", "r_k")]
+    mix += [(f"time_mix_{x}.weight", (E, E), W) for x in ("key", "value", "receptance", "output")]
+    mix += [("time_mix_lerp_fused.weight", (E, 1, 1, 6), W), ("channel_mix_lerp_k.weight", (E, 1, 1), W),
+            ("channel_mix_key.weight", (E, 4 * E), W), ("channel_mix_value.weight", (4 * E, E), W)]
+    return kv, "RR" * n, {"R": layernorm(E, "attn_norm", "attn_norm_2", "time_mix_ln") + lora + mix,
+                          "head": layernorm(E, "token_embd_norm", "output_norm")}
+
+
+def kimi_linear(E, n):  # Kimi delta attention (KDA), multi-head latent attention (MLA), MoE
+    H, HD, X, R, P, KM, VM = E // 32, 32, 8, 64, 16, 48, 32  # MLA: KV LoRA rank, RoPE, K, V dims
+    pattern = "RRRA" * n
+    kv = {"attention.head_count": H, "attention.head_count_kv": [1 if c == "A" else 0 for c in pattern],
+          "attention.key_length": R + P, "attention.value_length": R, "attention.key_length_mla": KM,
+          "attention.value_length_mla": VM, "attention.kv_lora_rank": R, "rope.dimension_count": P,
+          "attention.layer_norm_rms_epsilon": 1e-5, "kda.head_dim": HD, "ssm.conv_kernel": 4,
+          **experts(X, E, expert_shared_count=1, expert_gating_func=2, expert_weights_scale=2.5)}
+    kda = [(f"ssm_conv1d_{x}.weight", (4, 1, H * HD), CONV) for x in "qkv"] + [
+        ("ssm_f_a.weight", (E, HD), W), ("ssm_f_b.weight", (HD, H * HD), W),
+        ("ssm_dt.bias", (H * HD,), DT), ("ssm_a", (1, H), A_NEG), ("ssm_beta.weight", (E, H), W),
+        ("ssm_g_a.weight", (E, HD), W), ("ssm_g_b.weight", (HD, H * HD), W),
+        ("ssm_norm.weight", (HD,), ONE)]
+    mla = [("attn_q.weight", (E, H * KM), W), ("attn_kv_a_mqa.weight", (E, R + P), W),
+           ("attn_k_b.weight", (KM - P, R, H), W), ("attn_v_b.weight", (R, VM, H), W),
+           ("attn_output.weight", (H * VM, E), W)] + norm(R, "attn_kv_a_norm")
+    common = norm(E, "attn_norm", "ffn_norm") + moe(E, X, E, bias=True) + ffn(E, E, suffix="_shexp")
+    return kv, pattern, {"R": common + attn(E, H, H, HD) + kda, "A": common + mla}
+
+
 ARCHS = {"qwen3moe": qwen3moe, "qwen35": qwen35, "lfm2": lfm2, "granitehybrid": granitehybrid,
-         "nemotron_h": nemotron_h, "mamba2": mamba2_plain}
-OUTPUT_NORM = {"lfm2": "token_embd_norm.weight"}  # LFM2's final norm has this (odd) name
+         "nemotron_h": nemotron_h, "mamba2": mamba2_plain,
+         "qwen35moe": functools.partial(qwen35, X=8), "lfm2moe": functools.partial(lfm2, X=8),
+         "nemotron_h_moe": functools.partial(nemotron_h, X=8),
+         "qwen3next": functools.partial(qwen35, X=8, next_=True),
+         "falcon-h1": falcon_h1, "jamba": jamba, "rwkv7": rwkv7, "kimi-linear": kimi_linear}
 
 
 def init(rng, kind, shape):
@@ -217,6 +309,8 @@ def tokenizer_keys(path: Path) -> list:
 def add_key(w: gguf.GGUFWriter, key: str, value) -> None:
     if isinstance(value, list):
         w.add_array(key, value)
+    elif isinstance(value, bool):
+        w.add_bool(key, value)
     elif isinstance(value, float):
         w.add_float32(key, value)
     else:
@@ -240,7 +334,7 @@ def make(arch: str, size: str, out: Path, tokenizer: Path = DEFAULT_TOKENIZER, s
     for key, value in {**base, **kv}.items():
         add_key(w, f"{arch}.{key}", value)
 
-    plan = [("token_embd.weight", (E, vocab), W), (OUTPUT_NORM.get(arch, "output_norm.weight"), (E,), ONE),
+    plan = [("token_embd.weight", (E, vocab), W), *blocks.pop("head", norm(E, "output_norm")),
             ("output.weight", (E, vocab), W)]
     for i, kind in enumerate(pattern):
         plan += [(f"blk.{i}.{name}", shape, init_) for name, shape, init_ in blocks[kind]]

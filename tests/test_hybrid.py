@@ -1,8 +1,9 @@
-"""Targets whose layers keep a recurrent state (hybrids: Qwen3.5, LFM2, Granite 4, Nemotron-H;
-Mamba-2 alone), as tiny random-weight GGUFs (random_gguf.py). llama.cpp cannot cut such a
+"""Targets whose layers keep a recurrent state (hybrids: Qwen3.5 and its MoE, Qwen3-Next, LFM2
+and its MoE, Granite 4, Nemotron-H and its MoE, Falcon-H1, Jamba, Kimi-Linear; Mamba-2 and
+RWKV-7 alone), as tiny random-weight GGUFs (random_gguf.py). llama.cpp cannot cut such a
 state back to an earlier position: the prompt cache and a cancelled request restore a saved
 state or decode what they keep again, and verification rolls the state back by what it
-rejects where llama.cpp can (n_rs_seq: qwen35, lfm2, nemotron_h); elsewhere speculation is
+rejects where llama.cpp can (n_rs_seq: Qwen3.5's, LFM2's, Nemotron-H's); elsewhere speculation is
 refused in one line and auto decodes plainly. What they answer must be what a cold start and
 plain decoding answer."""
 
@@ -25,8 +26,10 @@ from localspec.sampling import SamplingConfig
 
 from random_gguf import make
 
-RECURRENT = ["qwen35", "lfm2", "granitehybrid", "nemotron_h", "mamba2"]
-ROLLS_BACK = {"qwen35", "lfm2", "nemotron_h"}  # llama.cpp's llm_arch_supports_rs_rollback
+RECURRENT = ["qwen35", "qwen35moe", "qwen3next", "lfm2", "lfm2moe", "granitehybrid", "nemotron_h",
+             "nemotron_h_moe", "falcon-h1", "jamba", "kimi-linear", "mamba2", "rwkv7"]
+# llama.cpp's llm_arch_supports_rs_rollback
+ROLLS_BACK = {"qwen35", "qwen35moe", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe"}
 GREEDY = SamplingConfig(temperature=0.0)
 # Longer than a prompt chunk (128), so a later prompt would reuse whole chunks of it.
 PROMPT = "def add(a, b):\n    return a + b\n\n" * 24
