@@ -6,8 +6,9 @@
 # gave no valid token for counted; and the synthetic-acceptance bench (mean lengths 4 and 8:
 # chains, trees, a no-draft step against plain's) with the batch shapes on (auto) and off,
 # T 0.8 with top-k 40 (each row's candidates from the graph), Jakiro's draft trees grown on the
-# device against the target's forward (scripts/jakiro_cost.py), then, time allowing, the
-# Qwen3-30B-A3B-shaped MoE (../shared/gpu/make_moe.py).
+# device against the target's forward (scripts/jakiro_cost.py), tiny hybrids (qwen35, lfm2:
+# chains with the recurrent state rolled back), then, time allowing, the Qwen3-30B-A3B-shaped
+# MoE (../shared/gpu/make_moe.py).
 # The log, the JSON and the cost curves land in $OUT (a device call brings back 8 files).
 #   run(command="bash scripts/gpu-check.sh", carry=[".gpu"], timeout_s=590)
 # QUICK=1: the 7B alone (no MoE, no shapes-off run), for a second call in a short budget.
@@ -61,6 +62,14 @@ done
 timeout 100 $V/python scripts/jakiro_cost.py -m /tmp/models/rand-7b.gguf --only tree 2>&1 | grep -v "^localspec: [a-z]* curve"
 echo "jakiro_cost: exit ${PIPESTATUS[0]}"
 el "Jakiro trees on the device (a step against the target's forward)"
+# Hybrids (issue 47): tiny qwen35 and lfm2, chains verified with the recurrent state rolled back
+# on the device; every output against plain decoding.
+for a in qwen35 lfm2; do
+  $V/python tests/random_gguf.py $a tiny /tmp/models/$a.gguf --tokenizer $G/qwen15-skel.gguf > /dev/null
+  timeout 40 $L bench -m /tmp/models/$a.gguf --workload code-edit --limit 2 --max-tokens 64 \
+    --drafter lookup --drafter suffix 2>&1 | grep -E "^\| (plain|lookup|suffix) "
+done
+el "hybrids (rollback on the device)"
 # The MoE (Qwen3-30B-A3B's shapes, issue 43's second target) while time is left in 9 minutes.
 if [ -z "${QUICK:-}" ] && [ $(( $(date +%s) - S )) -lt 390 ]; then
   M="-m /tmp/models/rand-moe.gguf --workload code-edit --max-tokens 128"
