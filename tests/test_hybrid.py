@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
+
 import pytest
 
 from localspec.drafters.spec import DrafterSpec
@@ -151,3 +153,32 @@ def test_a_server_on_recurrent_targets(tmp_path, small_path):
                 assert "recurrent state" in r.json()["error"]["message"]
             chat = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
             assert httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=60).status_code == 200
+
+
+def test_sampling_on_a_recurrent_target_keeps_its_distribution(engine):
+    """T = 1, top-k 2: the third token over many seeds, plain and speculative (chains of the
+    greedy answer, accepted by rejection sampling, the state rolled back by what is not): a
+    chi-square test of the two samples."""
+    from scipy.stats import chi2_contingency
+
+    from localspec.control.controllers import Plain
+    if engine.model.architecture not in {"qwen35", "lfm2", "nemotron_h"}:
+        pytest.skip("one family of each kind that rolls back")
+    ctx, curve = engine.ctx, engine.planning.prepare()
+    prompt = engine.model.tokenize(PROMPT[:64])  # short: every run reads it again
+    truth, _ = run_ours(engine, prompt, NONE, 8, GREEDY)
+    counts: dict[int, list[int]] = {}
+    stats = Stats()
+    for seed in range(150):
+        sampling = SamplingConfig(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0, seed=seed)
+        for column, controller in enumerate((Plain(), Fixed(SyntheticDrafter(prompt + truth, [1.0] * 4,
+                                                                              engine.model.n_vocab),
+                                                             Budget(curve, 1, 4, static=True), "chain"))):
+            ctx.clear()
+            out = [t for it in run(ctx, controller, prompt, sampling, 4, stats if column else None,
+                                   RunOptions(stop_at_eog=False)) for t in it.tokens]
+            counts.setdefault(out[2], [0, 0])[column] += 1
+    assert stats.draft_n > stats.draft_n_accepted > 20, stats.summary()
+    table = np.array([c for c in counts.values() if sum(c) >= 5]).T
+    assert table.shape[1] >= 3
+    assert chi2_contingency(table).pvalue > 0.001, counts
