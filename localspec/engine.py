@@ -249,8 +249,8 @@ class Engine:
         if recurrent and not self.ctx.rollback and cfg.drafter.kind == "auto":
             notice(f"{self.model.architecture} keeps a recurrent state that this llama.cpp cannot roll "
                    "back: localspec decodes it plainly")
-        self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, load, self.loads, draft_clock or DraftClock(),
-                                 notice)
+        self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, load, self.loads,
+                                 draft_clock or DraftClock(), notice)
         self._requests = RequestLock()
         self.planning = Planning(self.ctx, self.progress, self._requests.lock, self._requests.idle, cfg.curve,
                                  cfg.flat_cost, cfg.whole_curve, cfg.refine_curve, cfg.strict)
