@@ -386,10 +386,10 @@ def bench_synthetic(a: argparse.Namespace) -> None:
     rates = synthetic.parse_rates(a.synthetic, a.synthetic_k)
     if a.repeat < 1:
         raise LocalspecError("--repeat must be at least 1")
-    cfg = pulled_config(a, [DrafterSpec("none")])
+    cfg = pulled_config(a, [DrafterSpec("lookup")])  # a speculating engine, which loads nothing more
     # trees of K + 1 leaves; chains of K on a recurrent target (its state rolled back by up to K)
     cfg = replace(cfg, n_seq_max=max(cfg.n_seq_max, len(rates) + 1), store=StoreSetting("off"),
-                  drafter=DrafterSpec("lookup"), rollback=max(cfg.rollback, len(rates)))
+                  rollback=max(cfg.rollback, len(rates)))
     engine = Engine(cfg, progress=StderrProgress())
     try:
         engine.prepare(DrafterSpec("lookup"))  # the cost curve, and the batch shapes it keeps

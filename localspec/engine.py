@@ -297,7 +297,7 @@ class Engine:
         """What a request with `spec` runs: `spec`, except on a target whose layers keep a
         recurrent state, which llama.cpp cannot cut back to a rejected draft here: auto
         decodes it plainly, and a drafter named is refused in one line."""
-        if not self.model.recurrent or self.ctx.rollback or spec.kind == "none":
+        if not self.ctx.recurrent or self.ctx.rollback or spec.kind == "none":
             return spec
         if spec.kind == "auto":
             return NONE
@@ -348,7 +348,7 @@ class Engine:
         plain = spec.kind == "none"  # needs no curve
         tie_bound, max_batch = (0.0, None) if plain else self.planning.strict_limits(request.sampling.temperature)
         if self.ctx.rollback:  # a chain rejects at most all but its root: what the state rolls back
-            max_batch = min(max_batch or self.ctx.rollback + 1, self.ctx.rollback + 1)
+            max_batch = min(max_batch or self.ctx.n_ctx, self.ctx.rollback + 1)
         stats, text, generated, reason = Stats(), TextStream(self.model, request.stop), [], None
         ctx = self.ctx = self.slots.pick(tokens)
         if not request.cache:

@@ -15,6 +15,13 @@ from localspec.loop import Iteration
 Price = Callable[[int, int], float]  # batch, context -> seconds
 
 
+def there(curve: CostModel, batch: int, n_past: int, off_forward: float) -> float:
+    """An iteration's seconds on `curve`'s machine: its target forward priced there (its batch
+    after n_past tokens), plus the rest as it went here (the host's time, and the drafters'
+    forwards as their clock counted them)."""
+    return curve.price(batch, n_past) + off_forward
+
+
 class PricedClock(DraftClock):
     """The drafters' clock with each of their forwards counted at `price`'s seconds."""
 
@@ -37,4 +44,4 @@ class Projection:
         """The iteration's seconds there: its forward priced, its drafters' forwards as their
         clock counted them, the host's time as measured."""
         assert self.target is not None, "Projection.target: the curve the target's forwards are priced on"
-        return self.target.price(it.batch, it.n_past) + it.seconds - it.forward_seconds + it.draft_ahead
+        return there(self.target, it.batch, it.n_past, it.seconds - it.forward_seconds + it.draft_ahead)

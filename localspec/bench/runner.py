@@ -13,6 +13,7 @@ from typing import Callable, Iterator, NamedTuple
 import numpy as np
 
 from localspec.bench.ceiling import Corpus, copy_ceiling
+from localspec.bench.pricing import there
 from localspec.bench.workloads import Prompt, Warm
 from localspec.drafters.spec import NONE, DrafterSpec
 from localspec.engine import Engine, Request
@@ -117,7 +118,7 @@ class Config:
         its context (another machine's curve, say), with the drafters' forwards on their clock
         and the host's time per iteration measured here: the same drafts and acceptance, that
         machine's forwards."""
-        seconds = sum(curve.price(it.batch, it.context) + it.host + it.draft
+        seconds = sum(there(curve, it.batch, it.context, it.host + it.draft)
                       for r in self.ok_runs for it in r.iterations)
         return self.total("n_timed") / seconds if seconds else 0.0
 
