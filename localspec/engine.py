@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 from localspec import store
 from localspec.control.controllers import controller_for
 from localspec.drafters.base import DraftClock
-from localspec.drafters.loaded import Drafters, needs_features
+from localspec.drafters.loaded import Drafters, loads_mtp, needs_features
 from localspec.drafters.spec import AUTO, NONE, DrafterSpec
 from localspec.drafters.suffix import StoreSetting
 from localspec.errors import LocalspecError
@@ -166,16 +166,17 @@ def coalesce(events: Iterable[Delta | Done], every: float) -> Iterator[Delta | D
 
 
 def load_model(cfg: EngineConfig, progress: Progress, loads: collections.Counter[str], path: Path,
-               repack: bool = True, rpc: tuple[str, ...] = ()) -> Model:
+               repack: bool = True, rpc: tuple[str, ...] = (), mtp: bool = False) -> Model:
     """A model file loaded as the engine loads models (on the GPUs where its layers fit, over
-    `rpc` when given), its progress to `progress`, counted in `loads`."""
+    `rpc` when given; `mtp`: with its MTP layers), its progress to `progress`, counted in
+    `loads`."""
     what = f"loading {path.stem}"
     n_gpu_layers = cfg.n_gpu_layers
     if rpc and not n_gpu_layers:
         n_gpu_layers = ALL_LAYERS
     elif n_gpu_layers is None:
         n_gpu_layers = layers_that_fit(path, cfg.n_ctx)
-    model = Model(path, n_gpu_layers, repack, lambda share: progress(what, share, 1.0), rpc=rpc)
+    model = Model(path, n_gpu_layers, repack, lambda share: progress(what, share, 1.0), rpc=rpc, mtp=mtp)
     loads[str(path)] += 1
     return model
 
@@ -229,7 +230,7 @@ class Engine:
         # method): an engine a script never closes is freed with its script's globals, before
         # the interpreter's last collection, where a native runtime's teardown crashed.
         load = functools.partial(load_model, cfg, self.progress, self.loads)
-        self.model = load(path, repack=not cfg.strict, rpc=cfg.rpc)
+        self.model = load(path, repack=not cfg.strict, rpc=cfg.rpc, mtp=loads_mtp(cfg.drafter, path))
         features = needs_features(cfg.drafter, cfg.features, bool(cfg.rpc), path)  # decided once
         shapes = cfg.shapes
         if shapes is None:
@@ -250,7 +251,7 @@ class Engine:
             notice(f"{self.model.architecture} keeps a recurrent state that this llama.cpp cannot roll "
                    "back: localspec decodes it plainly")
         self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, load, self.loads,
-                                 draft_clock or DraftClock(), notice)
+                                 draft_clock or DraftClock(), self.slots.contexts, notice)
         self._requests = RequestLock()
         self.planning = Planning(self.ctx, self.progress, self._requests.lock, self._requests.idle, cfg.curve,
                                  cfg.flat_cost, cfg.whole_curve, cfg.refine_curve, cfg.strict)

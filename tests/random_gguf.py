@@ -37,13 +37,15 @@ import gguf
 import numpy as np
 import platformdirs
 
+from localspec.llama.gguf import read_header
+
 # The SmolLM2 model the tests pull (conftest.py's folder).
 DEFAULT_TOKENIZER = Path(os.environ.get("LOCALSPEC_TEST_MODELS") or platformdirs.user_cache_dir(
     "localspec-test-models")) / "smollm2-135m-instruct.gguf"
 # embedding, repeats of the layer pattern; "1b": a small real model's width and depth (LFM2's
 # and Qwen3.5's smallest have 1024 and 16-24 layers), for timing, not its exact layer mix
 SIZES = {"tiny": (128, 1), "small": (256, 2), "1b": (1024, 4)}
-W, ONE, ZERO, ROUTER, CONV, A_NEG, DT = "w", "one", "zero", "router", "conv", "a", "dt"
+W, ONE, ZERO, ROUTER, CONV, A_NEG, DT, ECHO = "w", "one", "zero", "router", "conv", "a", "dt", "echo"
 
 
 # Building blocks: (tensor name within blk.N., shape in ggml order (ne0, ne1, ...), init).
@@ -216,6 +218,17 @@ def rwkv7(E, n):
                           "head": layernorm(E, "token_embd_norm", "output_norm")}
 
 
+def glm4moe(E, n):  # a dense first layer, then MoE ones with a shared expert (GLM-4.5)
+    H, KV, D, X = E // 64, 1, 64, 8
+    kv = {"feed_forward_length": 2 * E, "attention.head_count": H, "attention.head_count_kv": KV,
+          "attention.key_length": D, "attention.value_length": D, "rope.dimension_count": D // 2,
+          "rope.freq_base": 1e6, "attention.layer_norm_rms_epsilon": 1e-5,
+          "leading_dense_block_count": 1, **experts(X, E, expert_shared_count=1)}
+    common = norm(E, "attn_norm", "post_attention_norm") + attn(E, H, KV, D)
+    return kv, "D" + "X" * (2 * n - 1), {"D": common + ffn(E, 2 * E),
+                                         "X": common + moe(E, X, E, bias=True) + ffn(E, E, suffix="_shexp")}
+
+
 def kimi_linear(E, n):  # Kimi delta attention (KDA), multi-head latent attention (MLA), MoE
     H, HD, X, R, P, KM, VM = E // 32, 32, 8, 64, 16, 48, 32  # MLA: KV LoRA rank, RoPE, K, V dims
     pattern = "RRRA" * n
@@ -241,7 +254,14 @@ ARCHS = {"qwen3moe": qwen3moe, "qwen35": qwen35, "lfm2": lfm2, "granitehybrid": 
          "qwen35moe": functools.partial(qwen35, X=8), "lfm2moe": functools.partial(lfm2, X=8),
          "nemotron_h_moe": functools.partial(nemotron_h, X=8),
          "qwen3next": functools.partial(qwen35, X=8, next_=True),
-         "falcon-h1": falcon_h1, "jamba": jamba, "rwkv7": rwkv7, "kimi-linear": kimi_linear}
+         "falcon-h1": falcon_h1, "jamba": jamba, "rwkv7": rwkv7, "kimi-linear": kimi_linear,
+         "glm4moe": glm4moe}
+# Architectures whose GGUF may carry MTP layers (--mtp): the layer kind the MTP block is.
+MTP_BLOCK = {"glm4moe": "X"}
+# The MTP block's own tensors, beside a layer of its kind's (the target's output head is shared).
+def nextn(E):
+    return [("nextn.eh_proj.weight", (2 * E, E), W)] + norm(E, "nextn.enorm", "nextn.hnorm",
+                                                             "nextn.shared_head_norm")
 
 
 def init(rng, kind, shape):
@@ -259,6 +279,9 @@ def init(rng, kind, shape):
         return rng.uniform(-1, 1, np_shape) / np.sqrt(shape[0])
     if kind == A_NEG:  # A = -exp(A_log), A_log = log U(1, 16)
         return -rng.uniform(1, 16, np_shape)
+    if kind == ECHO:  # (n_out, k * n_out): the last n_out inputs pass through
+        n_out, n_in = np_shape
+        return np.hstack([np.zeros((n_out, n_in - n_out)), np.eye(n_out)])
     if kind == DT:  # softplus(bias) = dt, dt log-uniform in [1e-3, 1e-1]
         dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), np_shape))
         return dt + np.log(-np.expm1(-dt))
@@ -268,10 +291,15 @@ def init(rng, kind, shape):
 SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 
 
-@functools.lru_cache(maxsize=4)
 def tokenizer_keys(path: Path) -> list:
-    """[(key, value, type, sub_type)] for the `tokenizer.*` keys of a GGUF (GGUFReader takes
-    seconds on a 49k-token vocabulary; this takes a tenth of one)."""
+    """[(key, value, type, sub_type)] for the `tokenizer.*` keys of a GGUF."""
+    return [k for k in all_keys(path) if k[0].startswith("tokenizer.")]
+
+
+@functools.lru_cache(maxsize=4)
+def all_keys(path: Path) -> list:
+    """[(key, value, type, sub_type)] for every key of a GGUF (GGUFReader takes seconds on a
+    49k-token vocabulary; this takes a tenth of one)."""
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as b:
         assert b[:4] == b"GGUF", f"{path}: not a GGUF file"
         n_kv, pos = struct.unpack_from("<Q", b, 16)[0], 24
@@ -300,9 +328,8 @@ def tokenizer_keys(path: Path) -> list:
             pos += 4
             sub = struct.unpack_from("<I", b, pos)[0] if t == 9 else None
             value = read(t)
-            if key.startswith("tokenizer."):
-                sub = None if sub is None else gguf.GGUFValueType(sub)
-                keys.append((key, value, gguf.GGUFValueType(t), sub))
+            sub = None if sub is None else gguf.GGUFValueType(sub)
+            keys.append((key, value, gguf.GGUFValueType(t), sub))
         return keys
 
 
@@ -317,30 +344,17 @@ def add_key(w: gguf.GGUFWriter, key: str, value) -> None:
         w.add_uint32(key, value)
 
 
-def make(arch: str, size: str, out: Path, tokenizer: Path = DEFAULT_TOKENIZER, seed: int = 0) -> Path:
-    """Write a random-weight `arch` model of `size` to `out`, with `tokenizer`'s vocabulary."""
-    E, reps = SIZES[size]
-    kv, pattern, blocks = ARCHS[arch](E, reps)
-    tok = tokenizer_keys(Path(tokenizer).resolve())
-    vocab = next(len(value) for key, value, *_ in tok if key == "tokenizer.ggml.tokens")
-
+def write(out: Path, arch: str, name: str, tokenizer: Path, kv: dict, plan: list, seed: int) -> Path:
+    """A GGUF of `arch`: `tokenizer`'s `tokenizer.*` keys, `ARCH.key`s, tensors drawn from seed."""
     w = gguf.GGUFWriter(str(out), arch)
-    w.add_name(f"random {arch} {size} (seed {seed})")
-    w.add_size_label(size)
-    for key, value, t, sub in tok:
+    w.add_name(name)
+    for key, value, t, sub in tokenizer_keys(Path(tokenizer).resolve()):
         w.add_key_value(key, value, t, sub_type=sub)
-    base = {"vocab_size": vocab, "context_length": 4096, "embedding_length": E,
-            "block_count": len(pattern)}
-    for key, value in {**base, **kv}.items():
+    for key, value in kv.items():
         add_key(w, f"{arch}.{key}", value)
-
-    plan = [("token_embd.weight", (E, vocab), W), *blocks.pop("head", norm(E, "output_norm")),
-            ("output.weight", (E, vocab), W)]
-    for i, kind in enumerate(pattern):
-        plan += [(f"blk.{i}.{name}", shape, init_) for name, shape, init_ in blocks[kind]]
     rng = np.random.default_rng(seed)
-    for name, shape, kind in plan:
-        w.add_tensor(name, init(rng, kind, shape).astype(np.float32))
+    for tensor, shape, kind in plan:  # kind: how to draw it, or its values
+        w.add_tensor(tensor, (kind if isinstance(kind, np.ndarray) else init(rng, kind, shape)).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -348,16 +362,104 @@ def make(arch: str, size: str, out: Path, tokenizer: Path = DEFAULT_TOKENIZER, s
     return Path(out)
 
 
+def vocab_size(tokenizer: Path) -> int:
+    return next(len(value) for key, value, *_ in tokenizer_keys(Path(tokenizer).resolve())
+                if key == "tokenizer.ggml.tokens")
+
+
+def make(arch: str, size: str, out: Path, tokenizer: Path = DEFAULT_TOKENIZER, seed: int = 0,
+         mtp: bool = False, echo: bool = False) -> Path:
+    """Write a random-weight `arch` model of `size` to `out`, with `tokenizer`'s vocabulary;
+    `mtp`: with an MTP layer after its last, which (`echo`) predicts the token the target
+    predicted last again."""
+    E, reps = SIZES[size]
+    kv, pattern, blocks = ARCHS[arch](E, reps)
+    if mtp and arch not in MTP_BLOCK:
+        raise SystemExit(f"--mtp: one of {', '.join(MTP_BLOCK)}")
+    vocab = vocab_size(tokenizer)
+    kv = {"vocab_size": vocab, "context_length": 4096, "embedding_length": E,
+          "block_count": len(pattern) + mtp, **kv, **({"nextn_predict_layers": 1} if mtp else {})}
+    plan = [("token_embd.weight", (E, vocab), W), *blocks.pop("head", norm(E, "output_norm")),
+            ("output.weight", (E, vocab), W)]
+    for i, kind in enumerate(pattern):
+        plan += [(f"blk.{i}.{name}", shape, init_) for name, shape, init_ in blocks[kind]]
+    if mtp:
+        block = blocks[MTP_BLOCK[arch]] + nextn(E)
+        plan += [(f"blk.{len(pattern)}.{name}", shape, echoed(name, init_) if echo else init_)
+                 for name, shape, init_ in block]
+    return write(out, arch, f"random {arch} {size}{' with MTP' if mtp else ''} (seed {seed})", tokenizer,
+                 kv, plan, seed)
+
+
+def echoed(name: str, kind: str) -> str:
+    """An echo layer's init: its input projection passes the hidden state it is given through
+    (to the target's own output head) and its attention and FFN add nothing."""
+    if name.startswith(("nextn.eh_proj", "fc.")):
+        return ECHO
+    return ZERO if name.startswith(("attn_output", "ffn_down")) else kind
+
+
+def target_keys(path: Path) -> dict:
+    """The `ARCH.*` keys of a target GGUF, without their prefix, and its architecture."""
+    keys = dict((k, v) for k, v, *_ in all_keys(Path(path).resolve()))
+    arch = keys["general.architecture"].decode()
+    return {"arch": arch, **{k[len(arch) + 1:]: v for k, v in keys.items() if k.startswith(arch + ".")}}
+
+
+def make_drafter(kind: str, out: Path, target: Path, seed: int = 0, embd: int | None = None,
+                 echo: bool = False) -> Path:
+    """An EAGLE-3 drafter for `target` (its tokenizer, its embedding width; its token
+    embeddings and output head are the target's, as in published EAGLE-3 GGUFs for Llama 3.1):
+    one decoder layer over the target's layer inputs [2, N/2, N-1]. `embd`: made for a target
+    of another width; `echo`: it passes the deepest of those through to the target's head,
+    predicting what the target would from there."""
+    t = target_keys(target)
+    E, n_layer = t["embedding_length"], t["block_count"] - t.get("nextn_predict_layers", 0)
+    hidden = embd or E
+    H, FF = E // 64, 2 * E
+    KV = H // 3 if H % 3 == 0 else 1
+    kv = {"context_length": 4096, "embedding_length": E, "block_count": 1, "feed_forward_length": FF,
+          "attention.head_count": H, "attention.head_count_kv": KV, "attention.key_length": 64,
+          "attention.value_length": 64, "attention.layer_norm_rms_epsilon": 1e-5, "rope.freq_base": 1e4,
+          "target_layers": [min(2, n_layer - 1), n_layer // 2, n_layer - 1], "target_hidden_size": hidden}
+    layer = (norm(E, "attn_norm", "attn_norm_2", "ffn_norm") + ffn(E, FF) +
+             [("attn_q.weight", (2 * E, H * 64), W), ("attn_k.weight", (2 * E, KV * 64), W),
+              ("attn_v.weight", (2 * E, KV * 64), W), ("attn_output.weight", (H * 64, E), W)])
+    plan = [("fc.weight", (3 * hidden, E), W), *norm(E, "output_norm")]
+    plan += [(f"blk.0.{name}", shape, echoed(name, init_) if echo else init_) for name, shape, init_ in layer]
+    if echo:  # the target's own final norm before its head
+        header = read_header(Path(target))
+        final = next(t for t in header.tensors if t.name == "output_norm.weight")
+        assert final.type == 0, "an F32 final norm"
+        weight = np.fromfile(target, np.float32, E, offset=header.data_start + final.offset)
+        plan[:2] = [("fc.weight", (3 * hidden, E), ECHO), ("output_norm.weight", (E,), weight)]
+    return write(out, kind, f"random {kind} for {Path(target).name}{' (echo)' if echo else ''} (seed {seed})",
+                 target, kv, plan, seed)
+
+
+DRAFTERS = {"eagle3": make_drafter}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("arch", choices=sorted(ARCHS))
-    p.add_argument("size", choices=sorted(SIZES))
+    p.add_argument("arch", choices=sorted(ARCHS) + sorted(DRAFTERS))
+    p.add_argument("size", choices=sorted(SIZES), help="a drafter's shapes follow its target's")
     p.add_argument("out", type=Path)
     p.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mtp", action="store_true", help="with an MTP layer (glm4moe)")
+    p.add_argument("--target", type=Path, help="a drafter's target GGUF")
+    p.add_argument("--embd", type=int, help="a drafter made for a target of this width")
+    p.add_argument("--echo", action="store_true",
+                   help="the MTP layer or drafter predicts what the target's own head does")
     a = p.parse_args()
     t0 = time.time()
-    make(a.arch, a.size, a.out, a.tokenizer, a.seed)
+    if a.arch in DRAFTERS:
+        if not a.target:
+            p.error(f"{a.arch} needs --target")
+        DRAFTERS[a.arch](a.arch, a.out, a.target, a.seed, a.embd, a.echo)
+    else:
+        make(a.arch, a.size, a.out, a.tokenizer, a.seed, a.mtp, a.echo)
     print(f"{a.out}: random {a.arch} {a.size}, {a.out.stat().st_size / 2**20:.1f} MiB "
           f"in {time.time() - t0:.2f} s")
 

@@ -175,10 +175,10 @@ class DraftModelDrafter(Drafter):
     def _tree(self, row: int, head, scale: float, budget: Budget, depth: int):
         ctx = self.ctx
         n_past = len(ctx.tokens)
-        tokens, parents, reach, qs, seq_of = [], [], [], [], {}
+        tokens, parents, reach, qs, seq_of, drafted_at = [], [], [], [], {}, []
         children, ids, probs = self._pick(ctx.logits(row), self.branch)
         for x, a in zip(children, self._acceptance(head, [row] * len(children), children, ids, probs)):
-            tokens.append(x), parents.append(-1), qs.append((ids, probs))
+            tokens.append(x), parents.append(-1), qs.append((ids, probs)), drafted_at.append(row)
             reach.append(a)
         frontier = list(range(len(tokens)))
         n_forwards = 0
@@ -192,8 +192,8 @@ class DraftModelDrafter(Drafter):
                 ctx.branch(seq_of.get(parents[node], 0), bank + j)  # the path so far
                 seq_of[node] = bank + j
             t0 = time.perf_counter()
-            ctx.decode([tokens[i] for i in best], [n_past + d - 1] * len(best),
-                       seq_ids=[[seq_of[i]] for i in best], outputs=[True] * len(best))
+            self._decode_nodes([tokens[i] for i in best], [drafted_at[i] for i in best],
+                               [n_past + d - 1] * len(best), [[seq_of[i]] for i in best])
             self.clock.forward(len(best), n_past + d - 1, t0)
             n_forwards += 1
             frontier = []
@@ -201,7 +201,7 @@ class DraftModelDrafter(Drafter):
                 children, ids, probs = self._pick(ctx.logits(row), self.branch)
                 accept = self._acceptance(head, [row] * len(children), children, ids, probs)
                 for x, a in zip(children, accept):
-                    tokens.append(x), parents.append(node), qs.append((ids, probs))
+                    tokens.append(x), parents.append(node), qs.append((ids, probs)), drafted_at.append(row)
                     reach.append(reach[node] * a)
                     frontier.append(len(tokens) - 1)
         ctx.drop_branches(1 + 2 * self.width)  # the draft cache keeps only the context
@@ -209,6 +209,13 @@ class DraftModelDrafter(Drafter):
         tree = self._make_tree([tokens[i] for i in order], new_parents,
                                [reach[i] for i in order], [qs[i] for i in order])
         return tree, n_forwards
+
+    def _decode_nodes(self, tokens: list[int], drafted_at: list[int], pos: list[int],
+                      seq_ids: list[list[int]]) -> None:
+        """One forward of a tree's nodes, each in its own sequence, their logits kept;
+        drafted_at: the rows of the last forward they were drafted from (which a drafter
+        that reads its own hidden states decodes them with)."""
+        self.ctx.decode(tokens, pos, seq_ids=seq_ids, outputs=[True] * len(tokens))
 
     def _make_tree(self, tokens, parents, reach, qs) -> DraftTree:
         tree = DraftTree(np.asarray(tokens, np.int32), np.asarray(parents, np.int32),

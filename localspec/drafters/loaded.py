@@ -14,12 +14,13 @@ from localspec.drafters.acceptance_head import AcceptanceHead
 from localspec.drafters.base import DraftClock, Drafter
 from localspec.drafters.draft_model import DraftModelDrafter, check_same_vocabulary
 from localspec.drafters.draft_model import draft_context as open_draft_context
+from localspec.drafters.heads import HeadDrafter, drafter_path, head_context
 from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime
 from localspec.drafters.lookup import LookupDrafter
-from localspec.drafters.spec import DrafterSpec, Head
+from localspec.drafters.spec import HEADS, DrafterSpec, Head
 from localspec.drafters.suffix import StoreSetting, SuffixDrafter, SuffixStore
 from localspec.errors import LocalspecError
-from localspec.llama import Context, Model
+from localspec.llama import Context, Model, gguf
 from localspec.progress import Notice, notice_on_stderr
 
 def needs_features(spec: DrafterSpec, asked: bool | None, over_rpc: bool, target: Path) -> bool:
@@ -33,20 +34,29 @@ def needs_features(spec: DrafterSpec, asked: bool | None, over_rpc: bool, target
                                   and store.shipped_drafter(target) is not None)
 
 
+def loads_mtp(spec: DrafterSpec, target: Path) -> bool:
+    """Whether the target is loaded with its MTP layers: when its GGUF has them and `spec` may
+    draft with them (auto with every drafter, or named)."""
+    named = spec.kind == "mtp" or any(d.kind == "mtp" for d in spec.members)
+    return (named or (spec.kind == "auto" and not spec.members)) and gguf.mtp_layers(target) > 0
+
+
 class Drafters:
     def __init__(self, target: Model, features: bool, n_ctx: int, threads: int, store_setting: StoreSetting,
                  load: Callable[[Path], Model], loads: collections.Counter[str], clock: DraftClock,
-                 notice: Notice = notice_on_stderr):
+                 targets: list[Context], notice: Notice = notice_on_stderr):
         """`features`: the target's context returns hidden states (Jakiro reads them);
         `store_setting`: EngineConfig.store; `load` loads a draft model as the engine loads
         models, and `loads` counts every file loaded; `clock`: what times the drafters'
-        own forwards; `notice` hears what the user should know."""
+        own forwards; `targets`: the target's contexts (MTP and EAGLE-3 drafters have them
+        keep hidden states); `notice` hears what the user should know."""
         self.model = target
         self.notice = notice
         self.clock = clock
         self.features, self.n_ctx, self.threads = features, n_ctx, threads
         self.store_setting = store_setting
         self.load, self.loads = load, loads
+        self.targets = targets
         self._drafters: dict[DrafterSpec, Drafter] = {}
         self._draft_ctxs: dict[Path, Context] = {}
         self._runtimes: dict[tuple, JakiroRuntime] = {}
@@ -164,6 +174,8 @@ class Drafters:
                 pass
         if store.shipped_drafter(self.model.path) is not None and self.features:
             found.append(DrafterSpec("jakiro"))
+        if self.model.mtp:
+            found.append(DrafterSpec("mtp"))
         return found
 
     def draft_model(self) -> DrafterSpec | None:
@@ -231,6 +243,21 @@ def _draft_model(drafters: Drafters, spec: DrafterSpec) -> Drafter:
     ctx = drafters.draft_context(store.resolve(spec.model or store.DEFAULT_DRAFT_MODEL))
     return DraftModelDrafter(ctx, drafters.model, width=4 if spec.kind == "draft-tree" else 1,
                              heads=drafters.heads(spec.head, ctx.model), head_required=spec.head.required)
+
+
+@factory(*HEADS)
+def _head(drafters: Drafters, spec: DrafterSpec) -> Drafter:
+    target = drafters.model
+    model = target if spec.kind == "mtp" else drafters.load(drafter_path(spec.model))
+    try:
+        ctx, states = head_context(spec.kind, target, model, drafters.targets, drafters.n_ctx, drafters.threads)
+    except LocalspecError:
+        if model is not target:
+            model.close()
+        raise
+    # One sequence a target context (a recurrent state's): chains.
+    width = spec.width if drafters.targets[0].config.n_seq_max > 1 else 1
+    return HeadDrafter(spec.without_k().label, ctx, states, target, width, spec.branch)
 
 
 @factory("jakiro")

@@ -9,14 +9,17 @@ from pathlib import Path
 
 from localspec.errors import LocalspecError
 
-KINDS = ("auto", "none", "lookup", "suffix", "draft", "draft-tree", "jakiro")
+KINDS = ("auto", "none", "lookup", "suffix", "draft", "draft-tree", "jakiro", "mtp", "eagle3")
+HEADS = ("mtp", "eagle3")  # the drafters llama.cpp runs on the target's hidden states
 
 HELP = ("auto[:D+D...] (the default: Cascade picks the drafter and K per request and phase, or "
         "plain decoding, among every drafter available or those listed) | none | lookup | "
         "suffix[:DIR] (lookup plus a store of earlier answers and indexed files; DIR: the store, "
         "default: one per tokenizer in the cache directory) | "
         "draft[:MODEL][,head=FILE|on|off] | draft-tree[:MODEL][,head=...] | "
-        "jakiro[:FILE][,width=N][,branch=N][,cepd=on|off][,vocab=draft|full][,head=FILE|on|off]; "
+        "jakiro[:FILE][,width=N][,branch=N][,cepd=on|off][,vocab=draft|full][,head=FILE|on|off] | "
+        "mtp[,width=N][,branch=N] (the target's own MTP layers) | eagle3:FILE[,width=N][,branch=N] "
+        "(an EAGLE-3 GGUF made for the target); width 1: a chain; "
         "any but auto and none may end in @K, a static K. MODEL: a registry name or a .gguf "
         "(default: qwen2.5-coder-0.5b-instruct); FILE: a Jakiro drafter (default: the one that "
         "ships for the target); head: the acceptance head (default: the one trained for the "
@@ -51,8 +54,8 @@ class DrafterSpec:
     model: str = ""           # draft: MODEL, jakiro: FILE, suffix: DIR; "" for the default
     k: int | None = None      # a static K: always up to K draft tokens, all verified
     head: Head = Head()       # draft, jakiro: the acceptance head (Head.parse takes it written out)
-    width: int = 4            # jakiro: nodes expanded per depth
-    branch: int = 2           # jakiro: tokens per branch
+    width: int = 4            # jakiro, mtp, eagle3: nodes expanded per depth (1: a chain)
+    branch: int = 2           # jakiro, mtp, eagle3: tokens per branch
     cepd: bool = True         # jakiro: contrastive parallel decoding for the last two steps
     full_vocab: bool = False  # jakiro: score every target token, not its draft vocabulary
     members: tuple[DrafterSpec, ...] = ()  # auto: () for every drafter available
@@ -89,6 +92,8 @@ class DrafterSpec:
             if rest and not rest.startswith(":") or "," in rest:
                 raise LocalspecError(f"bad drafter '{text}': suffix[:DIR]")
             return DrafterSpec(kind, model=rest[1:], k=k)
+        if kind == "mtp" and rest and not rest.startswith(","):
+            raise LocalspecError(f"bad drafter '{text}': mtp takes no file (its layers are in the target's)")
         if kind in ("none", "lookup"):
             if rest:
                 raise LocalspecError(f"{kind} takes no options (got '{rest}')")
@@ -120,6 +125,8 @@ class DrafterSpec:
                 + "".join("," + o for o in options) + (f"@{self.k}" if self.k else ""))
 
     def _options(self, short: bool) -> dict[str, str]:
+        if self.kind in HEADS:
+            return {"width": str(self.width), "branch": str(self.branch)}
         options = {"head": self.head.render(short)}
         if self.kind == "jakiro":
             options |= {"width": str(self.width), "branch": str(self.branch),
@@ -146,15 +153,15 @@ NONE = DrafterSpec("none")
 
 
 def _option(spec: DrafterSpec, key: str, value: str, pair: str) -> DrafterSpec:
-    jakiro = spec.kind == "jakiro"
-    if key == "head" and value:
+    jakiro, head = spec.kind == "jakiro", spec.kind in HEADS
+    if key == "head" and value and not head:
         return replace(spec, head=Head.parse(value))
-    if jakiro and key in ("width", "branch") and value.isdigit() and int(value) >= 1:
+    if (jakiro or head) and key in ("width", "branch") and value.isdigit() and int(value) >= 1:
         return replace(spec, **{key: int(value)})
     if jakiro and key == "cepd" and value in ("on", "off"):
         return replace(spec, cepd=value == "on")
     if jakiro and key == "vocab" and value in ("draft", "full"):
         return replace(spec, full_vocab=value == "full")
-    allowed = "width=N, branch=N, cepd=on|off, vocab=draft|full, head=FILE|on|off" if jakiro \
-        else "head=FILE|on|off"
+    allowed = ("width=N, branch=N, cepd=on|off, vocab=draft|full, head=FILE|on|off" if jakiro
+               else "width=N, branch=N" if head else "head=FILE|on|off")
     raise LocalspecError(f"bad {spec.kind} option '{pair}' ({allowed})")

@@ -58,6 +58,8 @@ class ContextConfig:
     # A model with a recurrent state (Model.recurrent): how many of a batch's last tokens its
     # state can be rolled back by (llama.cpp's n_rs_seq; 0 where the architecture cannot).
     rollback: int = 0
+    # The MTP layers of its model (llama.cpp's LLAMA_CONTEXT_TYPE_MTP): a drafter's context.
+    mtp: bool = False
 
 
 def context_params(config: ContextConfig) -> ll.llama_context_params:
@@ -76,6 +78,7 @@ def context_params(config: ContextConfig) -> ll.llama_context_params:
     p.embeddings = config.embeddings
     p.no_perf = True
     p.n_rs_seq = config.rollback
+    p.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP if config.mtp else ll.LLAMA_CONTEXT_TYPE_DEFAULT
     return p
 
 
@@ -83,10 +86,15 @@ class Context:
     """Owns a llama_context. Sequence 0 is the main sequence; `tokens` is what its KV holds,
     which is what the prefix cache compares a new prompt against."""
 
-    def __init__(self, model: Model, config: ContextConfig = ContextConfig()):
+    def __init__(self, model: Model, config: ContextConfig = ContextConfig(), beside: Context | None = None):
+        """`beside`: the target context of a drafter that uses the target's token embeddings
+        and output head (EAGLE-3 and DFlash GGUFs need one where they have none of their own)."""
         self.model = model
         self.config = config
-        ptr = ll.llama_init_from_model(model.ptr, context_params(config))
+        params = context_params(config)
+        if beside is not None:
+            params.ctx_other = beside.ptr
+        ptr = ll.llama_init_from_model(model.ptr, params)
         if not ptr:
             raise LocalspecError(f"cannot create a llama.cpp context for {model.path} "
                                  f"(n_ctx={config.n_ctx}, n_seq_max={config.n_seq_max})")

@@ -144,6 +144,16 @@ def _read(r: _Reader) -> Header:
     return Header(version, metadata, tensors, -(-r.pos // alignment) * alignment)
 
 
+def mtp_layers(path: Path) -> int:
+    """How many MTP layers (next-token prediction heads) a model's GGUF carries (0 when it
+    cannot be read: loading it says why)."""
+    try:
+        meta = read_header(path).metadata
+    except (ValueError, OSError, struct.error, UnicodeDecodeError):
+        return 0
+    return int(meta.get(f"{meta.get('general.architecture')}.nextn_predict_layers", 0) or 0)
+
+
 def check(path: Path, model: bool = True) -> None:
     """Raise one LocalspecError line if the GGUF file at `path` is one llama.cpp should not
     be given: a header that does not parse, tensors outside the file, or (a `model` for

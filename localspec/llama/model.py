@@ -84,10 +84,11 @@ class Model:
 
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, repack: bool = True,
                  progress: Callable[[float], None] | None = None, vocab_only: bool = False,
-                 rpc: tuple[str, ...] = ()):
+                 rpc: tuple[str, ...] = (), mtp: bool = False):
         """`progress` hears the share of the weights loaded, from 0 to 1; `vocab_only` loads
         the vocabulary and metadata but no weights; `rpc`: rpc-servers (HOST:PORT) whose
-        devices take the offloaded layers (n_gpu_layers) before this machine's GPUs."""
+        devices take the offloaded layers (n_gpu_layers) before this machine's GPUs; `mtp`:
+        its MTP layers too, where its GGUF has them (a drafter; llama.cpp skips them else)."""
         self.path = Path(path)
         self.n_gpu_layers = n_gpu_layers
         self.repack = repack
@@ -104,6 +105,7 @@ class Model:
         # matrix-vector to matrix-matrix at 4 rows, so batches stop reproducing single tokens.
         params.use_extra_bufts = repack
         params.vocab_only = vocab_only
+        params.load_mtp = mtp
         if progress is not None:
             report = ll.llama_progress_callback(lambda share, _user: progress(share) or True)
             params.progress_callback = report  # `report` stays referenced until loading ends
@@ -118,6 +120,9 @@ class Model:
         self.vocab = ll.llama_model_get_vocab(ptr)
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
         self.n_embd = ll.llama_model_n_embd(ptr)
+        self.n_layer = ll.llama_model_n_layer(ptr)  # its layers, MTP layers not counted
+        self.mtp_layers = ll.llama_model_n_layer_nextn(ptr)  # MTP layers its GGUF has
+        self.mtp = mtp and self.mtp_layers > 0  # ... and loaded
         self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
         v = self.vocab
         self.special = SpecialTokens(

@@ -1,0 +1,112 @@
+"""The drafters models ship with, run by llama.cpp's own model code: the target's MTP layers
+(`mtp`) and EAGLE-3 GGUFs (`eagle3:FILE`). Each reads the target's hidden states
+(llama/heads.py) and drafts as a draft model does (DraftModelDrafter): a chain, or a tree whose
+every step expands the best nodes into their top-k children, sized by the cost curve and, at
+T > 0, drawn from its own distribution, which verification's rejection sampling is handed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from localspec.drafters.base import Budget
+from localspec.drafters.draft_model import DraftModelDrafter, check_same_vocabulary
+from localspec.errors import LocalspecError
+from localspec.llama import Context, Model
+from localspec.llama.context import ContextConfig
+from localspec.llama.heads import HeadContext, TargetStates, target_layers
+from localspec.sampling import SamplingConfig
+from localspec.verify import DraftTree
+
+# Targets whose llama.cpp graph hands out its layers' inputs, which EAGLE-3 reads (elsewhere
+# llama.cpp aborts building the graph): src/models/*.cpp that set t_layer_inp.
+LAYER_INPUTS = frozenset({"llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "qwen4exp",
+                          "gemma4", "gpt-oss", "minimax-01", "minimax-m2", "mimo2", "nemotron_h",
+                          "deepseek4", "bailingmoe3", "hunyuan_vl", "lfm2", "nanbeige", "muse-glimmer"})
+
+
+def check_eagle3(target: Model, drafter: Model) -> list[int]:
+    """Refuse, in one line, an EAGLE-3 drafter made for another target; its target layers."""
+    name = drafter.path.name
+    if drafter.architecture != "eagle3":
+        raise LocalspecError(f"{name} is a {drafter.architecture} model, not an EAGLE-3 drafter")
+    if target.architecture not in LAYER_INPUTS:
+        raise LocalspecError(f"llama.cpp cannot hand an EAGLE-3 drafter the hidden states of a "
+                             f"{target.architecture} target ({target.path.name})")
+    hidden = int(drafter.meta("eagle3.target_hidden_size") or 0)
+    if hidden != target.n_embd:
+        raise LocalspecError(f"{name} was made for a target of width {hidden}; "
+                             f"{target.path.name} has {target.n_embd}: not made for it")
+    layers = target_layers(drafter)
+    if len(layers) != 3 or max(layers) >= target.n_layer or min(layers) < 0:
+        raise LocalspecError(f"{name} reads target layers {layers}; {target.path.name} has "
+                             f"{target.n_layer}: not made for it")
+    check_same_vocabulary(target, drafter)
+    return layers
+
+
+def head_context(kind: str, target: Model, drafter: Model, targets: list[Context],
+                 n_ctx: int, threads: int) -> tuple[HeadContext, TargetStates]:
+    """The drafter's context beside the target's (`targets`, whose forwards from now on keep
+    the hidden states it reads) and what it reads of them."""
+    if kind == "mtp":
+        if not target.mtp:
+            raise LocalspecError(f"{target.path.name} has no MTP layers" if not target.mtp_layers else
+                                 f"{target.path.name} was loaded without its MTP layers: start with --drafter mtp")
+        states = TargetStates()
+    else:
+        states = TargetStates(check_eagle3(target, drafter))
+    for ctx in targets:
+        states.stage(ctx)
+    config = ContextConfig(n_ctx=n_ctx, n_threads=threads, n_seq_max=9, context_in_every_sequence=False,
+                           mtp=kind == "mtp")
+    return HeadContext(drafter, config, targets[0], encode=kind == "eagle3"), states
+
+
+class HeadDrafter(DraftModelDrafter):
+    """Drafts with a drafter llama.cpp runs on the target's hidden states; each drafted token
+    is decoded with the state of the row it was drafted from."""
+
+    feature_window = 128  # prompt positions whose states seed the drafter's cache
+
+    def __init__(self, name: str, ctx: HeadContext, states: TargetStates, target: Model, width: int = 1,
+                 branch: int = 2):
+        super().__init__(ctx, target, width=width, branch=branch)
+        self.name = name
+        self.ctx: HeadContext = ctx
+        self.states = states
+        self.target = target
+        # Until measured: a step runs a layer and the output head, about two of the target's
+        # layers.
+        self.size_ratio = 2.0 / max(1, target.n_layer)
+
+    def begin(self, prompt: list[int], sampling: SamplingConfig) -> None:
+        super().begin(prompt, sampling)
+        self.ctx.follow(prompt)
+
+    def commit(self, ctx: Context, first_pos: int, rows: list[int]) -> None:
+        self.ctx.commit(first_pos, ctx.tokens, self.states.rows(ctx, rows))
+
+    def close(self) -> None:
+        model = self.ctx.model
+        self.ctx.close()
+        if model is not self.target:  # an EAGLE-3 drafter's own
+            model.close()
+
+    def propose(self, context: list[int], budget: Budget) -> DraftTree:
+        if len(context) - 2 not in self.ctx.states:  # the root's predecessor: not seen (yet)
+            return DraftTree.empty()
+        tree = super().propose(context, budget)
+        # A chain's drafted pairs carry the drafter's own states: what the target accepts of
+        # them is decoded again with the target's (catch_up), as llama.cpp's MTP does.
+        self.ctx.truncate(len(context))
+        return tree
+
+    def _decode_nodes(self, tokens: list[int], drafted_at: list[int], pos: list[int],
+                      seq_ids: list[list[int]]) -> None:
+        self.ctx.decode_pairs(tokens, self.ctx.row_states(drafted_at), pos, seq_ids)
+
+
+def drafter_path(spec_model: str) -> Path:
+    if not spec_model:
+        raise LocalspecError("eagle3 needs its file: --drafter eagle3:FILE.gguf")
+    return Path(spec_model)
