@@ -213,14 +213,30 @@ def cmd_models(a: argparse.Namespace) -> None:
     rows = store.listing()
     print(f"{'name':32} {'size':>9}  {'on disk':>9}  description")
     for name, size, on_disk, desc in rows:
-        print(f"{name:32} {_mb(size):>9}  {_mb(on_disk) if on_disk else '-':>9}  {desc}")
+        note = drafts_with(store.stored_path(name)) if on_disk else ""
+        print(f"{name:32} {_mb(size):>9}  {_mb(on_disk) if on_disk else '-':>9}  {desc}{note}")
     print(f"store: {store.store_dir()} ({_mb(store.disk_usage())} used)")
     from localspec.found import found
     models = found()
     if models:
         print(f"\nfound elsewhere, used in place (-m NAME):\n{'name':56} {'size':>9}  where")
         for f in models:
-            print(f"{f.name:56} {_mb(f.path.stat().st_size):>9}  {f.source}: {f.path}")
+            print(f"{f.name:56} {_mb(f.path.stat().st_size):>9}  {f.source}: {f.path}{drafts_with(f.path)}")
+
+
+def drafts_with(path) -> str:
+    """What a model file brings to drafting, said after its row: MTP layers, or that it is an
+    EAGLE-3 drafter."""
+    from localspec.llama import gguf
+    try:
+        meta = gguf.read_header(path).metadata
+    except (ValueError, OSError):
+        return ""
+    arch = meta.get("general.architecture")
+    if arch == "eagle3":
+        return f" · an EAGLE-3 drafter: --drafter eagle3:{path}"
+    n = gguf.mtp_layers(path)
+    return f" · {n} MTP layer{'s' * (n > 1)}: --drafter mtp (auto drafts with them)" if n else ""
 
 
 def cmd_rm(a: argparse.Namespace) -> None:

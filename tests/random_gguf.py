@@ -257,7 +257,7 @@ ARCHS = {"qwen3moe": qwen3moe, "qwen35": qwen35, "lfm2": lfm2, "granitehybrid": 
          "falcon-h1": falcon_h1, "jamba": jamba, "rwkv7": rwkv7, "kimi-linear": kimi_linear,
          "glm4moe": glm4moe}
 # Architectures whose GGUF may carry MTP layers (--mtp): the layer kind the MTP block is.
-MTP_BLOCK = {"glm4moe": "X"}
+MTP_BLOCK = {"glm4moe": "X", "qwen35": "A"}
 # The MTP block's own tensors, beside a layer of its kind's (the target's output head is shared).
 def nextn(E):
     return [("nextn.eh_proj.weight", (2 * E, E), W)] + norm(E, "nextn.enorm", "nextn.hnorm",
@@ -353,8 +353,13 @@ def write(out: Path, arch: str, name: str, tokenizer: Path, kv: dict, plan: list
     for key, value in kv.items():
         add_key(w, f"{arch}.{key}", value)
     rng = np.random.default_rng(seed)
-    for tensor, shape, kind in plan:  # kind: how to draw it, or its values
-        w.add_tensor(tensor, (kind if isinstance(kind, np.ndarray) else init(rng, kind, shape)).astype(np.float32))
+    made: dict[str, np.ndarray] = {}
+    for tensor, shape, kind in plan:  # kind: how to draw it, its values, or a tensor made before
+        if isinstance(kind, np.ndarray):
+            made[tensor] = kind
+        else:
+            made[tensor] = made[kind] if kind in made else init(rng, kind, shape)
+        w.add_tensor(tensor, made[tensor].astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -368,10 +373,11 @@ def vocab_size(tokenizer: Path) -> int:
 
 
 def make(arch: str, size: str, out: Path, tokenizer: Path = DEFAULT_TOKENIZER, seed: int = 0,
-         mtp: bool = False, echo: bool = False) -> Path:
+         mtp: bool = False, echo: bool = False, repeats: bool = False) -> Path:
     """Write a random-weight `arch` model of `size` to `out`, with `tokenizer`'s vocabulary;
     `mtp`: with an MTP layer after its last, which (`echo`) predicts the token the target
-    predicted last again."""
+    predicted last again; `repeats`: its output head is its token embeddings, so it mostly
+    repeats a token (what an echo drafter is accepted on)."""
     E, reps = SIZES[size]
     kv, pattern, blocks = ARCHS[arch](E, reps)
     if mtp and arch not in MTP_BLOCK:
@@ -380,7 +386,7 @@ def make(arch: str, size: str, out: Path, tokenizer: Path = DEFAULT_TOKENIZER, s
     kv = {"vocab_size": vocab, "context_length": 4096, "embedding_length": E,
           "block_count": len(pattern) + mtp, **kv, **({"nextn_predict_layers": 1} if mtp else {})}
     plan = [("token_embd.weight", (E, vocab), W), *blocks.pop("head", norm(E, "output_norm")),
-            ("output.weight", (E, vocab), W)]
+            ("output.weight", (E, vocab), "token_embd.weight" if repeats else W)]
     for i, kind in enumerate(pattern):
         plan += [(f"blk.{i}.{name}", shape, init_) for name, shape, init_ in blocks[kind]]
     if mtp:
@@ -447,9 +453,10 @@ def main() -> None:
     p.add_argument("out", type=Path)
     p.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--mtp", action="store_true", help="with an MTP layer (glm4moe)")
+    p.add_argument("--mtp", action="store_true", help="with an MTP layer (glm4moe, qwen35)")
     p.add_argument("--target", type=Path, help="a drafter's target GGUF")
     p.add_argument("--embd", type=int, help="a drafter made for a target of this width")
+    p.add_argument("--repeats", action="store_true", help="a model that mostly repeats a token")
     p.add_argument("--echo", action="store_true",
                    help="the MTP layer or drafter predicts what the target's own head does")
     a = p.parse_args()
@@ -459,7 +466,7 @@ def main() -> None:
             p.error(f"{a.arch} needs --target")
         DRAFTERS[a.arch](a.arch, a.out, a.target, a.seed, a.embd, a.echo)
     else:
-        make(a.arch, a.size, a.out, a.tokenizer, a.seed, a.mtp, a.echo)
+        make(a.arch, a.size, a.out, a.tokenizer, a.seed, a.mtp, a.echo, a.repeats)
     print(f"{a.out}: random {a.arch} {a.size}, {a.out.stat().st_size / 2**20:.1f} MiB "
           f"in {time.time() - t0:.2f} s")
 
