@@ -12,7 +12,8 @@ qwen3next (Qwen3.5's MoE forerunner), falcon-h1 (attention beside mamba2 in each
 (mamba + attention, MoE), rwkv7 (recurrent only), kimi-linear (Kimi delta attention + MLA, MoE).
 SIZE: tiny (embedding 128, 2-4 layers, ~50 MiB with a 49k vocabulary, made in ~0.6 s, loads in
 ~0.1 s), small (embedding 256, twice the layers), 1b (embedding 1024, 8-16 layers: timing; the
-MoE ones up to 2.3 GiB). Tensor names, shapes and keys follow llama.cpp's loaders
+MoE ones up to 2.3 GiB), 7b-mtp (a 7B's embedding, the fewest layers: an MTP layer's step at a
+7B's width). Tensor names, shapes and keys follow llama.cpp's loaders
 (src/models/<arch>.cpp); dims are chosen to meet the CUDA kernels' limits too (SSM_CONV channels
 % 128, mamba2 d_state 128, mamba d_state 16, delta-net head 32, RWKV-7 head 64; checked on CPU
 only). The tokenizer (every `tokenizer.*` key) comes from another GGUF, the SmolLM2 test model by
@@ -44,7 +45,7 @@ DEFAULT_TOKENIZER = Path(os.environ.get("LOCALSPEC_TEST_MODELS") or platformdirs
     "localspec-test-models")) / "smollm2-135m-instruct.gguf"
 # embedding, repeats of the layer pattern; "1b": a small real model's width and depth (LFM2's
 # and Qwen3.5's smallest have 1024 and 16-24 layers), for timing, not its exact layer mix
-SIZES = {"tiny": (128, 1), "small": (256, 2), "1b": (1024, 4)}
+SIZES = {"tiny": (128, 1), "small": (256, 2), "1b": (1024, 4), "7b-mtp": (3584, 1)}
 W, ONE, ZERO, ROUTER, CONV, A_NEG, DT, ECHO = "w", "one", "zero", "router", "conv", "a", "dt", "echo"
 
 
@@ -359,7 +360,10 @@ def write(out: Path, arch: str, name: str, tokenizer: Path, kv: dict, plan: list
             made[tensor] = kind
         else:
             made[tensor] = made[kind] if kind in made else init(rng, kind, shape)
-        w.add_tensor(tensor, made[tensor].astype(np.float32))
+        if made[tensor].dtype == np.int64:  # token ids (d2t)
+            w.add_tensor(tensor, made[tensor], raw_dtype=gguf.GGMLQuantizationType.I64)
+        else:
+            w.add_tensor(tensor, made[tensor].astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -413,26 +417,29 @@ def target_keys(path: Path) -> dict:
 
 
 def make_drafter(kind: str, out: Path, target: Path, seed: int = 0, embd: int | None = None,
-                 echo: bool = False) -> Path:
-    """An EAGLE-3 drafter for `target` (its tokenizer, its embedding width; its token
-    embeddings and output head are the target's, as in published EAGLE-3 GGUFs for Llama 3.1):
-    one decoder layer over the target's layer inputs [2, N/2, N-1]. `embd`: made for a target
-    of another width; `echo`: it passes the deepest of those through to the target's head,
-    predicting what the target would from there."""
+                 echo: bool = False, draft_vocab: int | None = None) -> Path:
+    """An EAGLE-3 drafter for `target` (its tokenizer, its width, heads and feed-forward size;
+    its token embeddings and output head are the target's, as in published EAGLE-3 GGUFs for
+    Llama 3.1 8B): one decoder layer over the target's layer inputs [2, N/2, N-1]. `embd`:
+    made for a target of another width; `echo`: it passes the deepest of those through to the
+    target's head, predicting what the target would from there; `draft_vocab`: a head of its
+    own over the target's first tokens (published ones keep 32k) and d2t, their ids."""
     t = target_keys(target)
     E, n_layer = t["embedding_length"], t["block_count"] - t.get("nextn_predict_layers", 0)
     hidden = embd or E
-    H, FF = E // 64, 2 * E
-    KV = H // 3 if H % 3 == 0 else 1
+    H, FF = t["attention.head_count"], t["feed_forward_length"]
+    KV, D = t.get("attention.head_count_kv", H), E // H
     kv = {"context_length": 4096, "embedding_length": E, "block_count": 1, "feed_forward_length": FF,
-          "attention.head_count": H, "attention.head_count_kv": KV, "attention.key_length": 64,
-          "attention.value_length": 64, "attention.layer_norm_rms_epsilon": 1e-5, "rope.freq_base": 1e4,
+          "attention.head_count": H, "attention.head_count_kv": KV, "attention.key_length": D,
+          "attention.value_length": D, "attention.layer_norm_rms_epsilon": 1e-5, "rope.freq_base": 1e4,
           "target_layers": [min(2, n_layer - 1), n_layer // 2, n_layer - 1], "target_hidden_size": hidden}
     layer = (norm(E, "attn_norm", "attn_norm_2", "ffn_norm") + ffn(E, FF) +
-             [("attn_q.weight", (2 * E, H * 64), W), ("attn_k.weight", (2 * E, KV * 64), W),
-              ("attn_v.weight", (2 * E, KV * 64), W), ("attn_output.weight", (H * 64, E), W)])
+             [("attn_q.weight", (2 * E, H * D), W), ("attn_k.weight", (2 * E, KV * D), W),
+              ("attn_v.weight", (2 * E, KV * D), W), ("attn_output.weight", (H * D, E), W)])
     plan = [("fc.weight", (3 * hidden, E), W), *norm(E, "output_norm")]
     plan += [(f"blk.0.{name}", shape, echoed(name, init_) if echo else init_) for name, shape, init_ in layer]
+    if draft_vocab:
+        plan += [("output.weight", (E, draft_vocab), W), ("d2t", (draft_vocab,), np.arange(draft_vocab))]
     if echo:  # the target's own final norm before its head
         header = read_header(Path(target))
         final = next(t for t in header.tensors if t.name == "output_norm.weight")
@@ -456,6 +463,7 @@ def main() -> None:
     p.add_argument("--mtp", action="store_true", help="with an MTP layer (glm4moe, qwen35)")
     p.add_argument("--target", type=Path, help="a drafter's target GGUF")
     p.add_argument("--embd", type=int, help="a drafter made for a target of this width")
+    p.add_argument("--draft-vocab", type=int, help="a drafter with a head of its own over this many tokens")
     p.add_argument("--repeats", action="store_true", help="a model that mostly repeats a token")
     p.add_argument("--echo", action="store_true",
                    help="the MTP layer or drafter predicts what the target's own head does")
@@ -464,7 +472,7 @@ def main() -> None:
     if a.arch in DRAFTERS:
         if not a.target:
             p.error(f"{a.arch} needs --target")
-        DRAFTERS[a.arch](a.arch, a.out, a.target, a.seed, a.embd, a.echo)
+        DRAFTERS[a.arch](a.arch, a.out, a.target, a.seed, a.embd, a.echo, a.draft_vocab)
     else:
         make(a.arch, a.size, a.out, a.tokenizer, a.seed, a.mtp, a.echo, a.repeats)
     print(f"{a.out}: random {a.arch} {a.size}, {a.out.stat().st_size / 2**20:.1f} MiB "
