@@ -121,6 +121,7 @@ class Model:
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
         self.n_embd = ll.llama_model_n_embd(ptr)
         self.n_layer = ll.llama_model_n_layer(ptr)  # its layers, MTP layers not counted
+        self.n_params = ll.llama_model_n_params(ptr)
         self.mtp_layers = ll.llama_model_n_layer_nextn(ptr)  # MTP layers its GGUF has
         self.mtp = mtp and self.mtp_layers > 0  # ... and loaded
         self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
