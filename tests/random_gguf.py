@@ -345,12 +345,17 @@ def add_key(w: gguf.GGUFWriter, key: str, value) -> None:
         w.add_uint32(key, value)
 
 
-def write(out: Path, arch: str, name: str, tokenizer: Path, kv: dict, plan: list, seed: int) -> Path:
-    """A GGUF of `arch`: `tokenizer`'s `tokenizer.*` keys, `ARCH.key`s, tensors drawn from seed."""
+def write(out: Path, arch: str, name: str, tokenizer: Path, kv: dict, plan: list, seed: int,
+          extra: dict | None = None) -> Path:
+    """A GGUF of `arch`: `tokenizer`'s `tokenizer.*` keys, `ARCH.key`s (and `extra` keys as
+    they are), tensors drawn from seed."""
     w = gguf.GGUFWriter(str(out), arch)
     w.add_name(name)
     for key, value, t, sub in tokenizer_keys(Path(tokenizer).resolve()):
-        w.add_key_value(key, value, t, sub_type=sub)
+        if key not in (extra or {}):
+            w.add_key_value(key, value, t, sub_type=sub)
+    for key, value in (extra or {}).items():
+        add_key(w, key, value)
     for key, value in kv.items():
         add_key(w, f"{arch}.{key}", value)
     rng = np.random.default_rng(seed)
@@ -441,16 +446,48 @@ def make_drafter(kind: str, out: Path, target: Path, seed: int = 0, embd: int | 
     if draft_vocab:
         plan += [("output.weight", (E, draft_vocab), W), ("d2t", (draft_vocab,), np.arange(draft_vocab))]
     if echo:  # the target's own final norm before its head
-        header = read_header(Path(target))
-        final = next(t for t in header.tensors if t.name == "output_norm.weight")
-        assert final.type == 0, "an F32 final norm"
-        weight = np.fromfile(target, np.float32, E, offset=header.data_start + final.offset)
-        plan[:2] = [("fc.weight", (3 * hidden, E), ECHO), ("output_norm.weight", (E,), weight)]
+        plan[:2] = [("fc.weight", (3 * hidden, E), ECHO), ("output_norm.weight", (E,), final_norm(target, E))]
     return write(out, kind, f"random {kind} for {Path(target).name}{' (echo)' if echo else ''} (seed {seed})",
                  target, kv, plan, seed)
 
 
-DRAFTERS = {"eagle3": make_drafter}
+def make_dflash(kind: str, out: Path, target: Path, seed: int = 0, embd: int | None = None,
+                echo: bool = False, draft_vocab: int | None = None, block_size: int = 8,
+                mask: int = 0) -> Path:
+    """A DFlash drafter for `target` (its tokenizer and width; its token embeddings and head are
+    the target's): one layer that reads the target's layer inputs [1, N/2, N-1] as its KV and
+    drafts a block of `block_size` - 1 tokens in one forward, its positions filled with `mask`
+    (a token id) first. `embd`: made for a target of another width; `echo`: its layer adds
+    nothing, so each position predicts what the target's head makes of the mask token (a
+    target with tied embeddings: mostly the mask token itself)."""
+    t = target_keys(target)
+    E, n_layer = embd or t["embedding_length"], t["block_count"] - t.get("nextn_predict_layers", 0)
+    H, FF = t["attention.head_count"], t["feed_forward_length"]
+    KV, D = t.get("attention.head_count_kv", H), E // H
+    layers = sorted({min(1, n_layer - 1), n_layer // 2, n_layer - 1})
+    kv = {"context_length": 4096, "embedding_length": E, "block_count": 1, "feed_forward_length": FF,
+          "attention.head_count": H, "attention.head_count_kv": KV, "attention.key_length": D,
+          "attention.value_length": D, "attention.layer_norm_rms_epsilon": 1e-5, "rope.freq_base": 1e4,
+          "target_layers": layers, "block_size": block_size}
+    plan = [("fc.weight", (len(layers) * E, E), W), *norm(E, "enc.output_norm"),
+            ("output_norm.weight", (E,), final_norm(target, E) if echo else ONE)]
+    plan += [(f"blk.0.{name}", shape, echoed(name, init_) if echo else init_) for name, shape, init_ in
+             norm(E, "attn_norm", "ffn_norm") + norm(D, "attn_q_norm", "attn_k_norm") + ffn(E, FF) +
+             [("attn_q.weight", (E, H * D), W), ("attn_k.weight", (E, KV * D), W),
+              ("attn_v.weight", (E, KV * D), W), ("attn_output.weight", (H * D, E), W)]]
+    return write(out, kind, f"random {kind} for {Path(target).name}{' (echo)' if echo else ''} (seed {seed})",
+                 target, kv, plan, seed, extra={"tokenizer.ggml.mask_token_id": mask})
+
+
+def final_norm(target: Path, E: int) -> np.ndarray:
+    """The target's final norm's weights (an echo drafter's own, before the target's head)."""
+    header = read_header(Path(target))
+    final = next(t for t in header.tensors if t.name == "output_norm.weight")
+    assert final.type == 0, "an F32 final norm"
+    return np.fromfile(target, np.float32, E, offset=header.data_start + final.offset)
+
+
+DRAFTERS = {"eagle3": make_drafter, "dflash": make_dflash}
 
 
 def main() -> None:
@@ -464,6 +501,7 @@ def main() -> None:
     p.add_argument("--target", type=Path, help="a drafter's target GGUF")
     p.add_argument("--embd", type=int, help="a drafter made for a target of this width")
     p.add_argument("--draft-vocab", type=int, help="a drafter with a head of its own over this many tokens")
+    p.add_argument("--mask", type=int, default=0, help="dflash: its mask token's id")
     p.add_argument("--repeats", action="store_true", help="a model that mostly repeats a token")
     p.add_argument("--echo", action="store_true",
                    help="the MTP layer or drafter predicts what the target's own head does")
@@ -472,7 +510,8 @@ def main() -> None:
     if a.arch in DRAFTERS:
         if not a.target:
             p.error(f"{a.arch} needs --target")
-        DRAFTERS[a.arch](a.arch, a.out, a.target, a.seed, a.embd, a.echo, a.draft_vocab)
+        more = {"mask": a.mask} if a.arch == "dflash" else {}
+        DRAFTERS[a.arch](a.arch, a.out, a.target, a.seed, a.embd, a.echo, a.draft_vocab, **more)
     else:
         make(a.arch, a.size, a.out, a.tokenizer, a.seed, a.mtp, a.echo, a.repeats)
     print(f"{a.out}: random {a.arch} {a.size}, {a.out.stat().st_size / 2**20:.1f} MiB "

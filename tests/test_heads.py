@@ -16,10 +16,11 @@ from localspec.engine import Engine, EngineConfig, Request
 from localspec.errors import LocalspecError
 from localspec.sampling import SamplingConfig
 
-from random_gguf import make, make_drafter
+from random_gguf import make, make_dflash, make_drafter
 
 GREEDY = SamplingConfig(temperature=0.0)
 REPEATS = "Repeat after me: ha ha ha ha ha ha ha ha ha ha ha ha ha ha"
+HA = 421  # " ha" in SmolLM2's vocabulary
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,10 @@ def files(tmp_path_factory, small_path):
             "echo": make_drafter("eagle3", d / "eagle3-echo.gguf", small_path, echo=True),
             "random": make_drafter("eagle3", d / "eagle3.gguf", small_path, seed=1),
             "wide": make_drafter("eagle3", d / "eagle3-wide.gguf", small_path, embd=1024),
-            "for-glm": make_drafter("eagle3", d / "eagle3-glm.gguf", glm)}
+            "for-glm": make_drafter("eagle3", d / "eagle3-glm.gguf", glm),
+            # its block's mask token is " ha": each position predicts it (SmolLM2's head is tied)
+            "dflash": make_dflash("dflash", d / "dflash-echo.gguf", small_path, echo=True, mask=HA),
+            "dflash-wide": make_dflash("dflash", d / "dflash-wide.gguf", small_path, embd=1024)}
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +77,9 @@ def plain(engine, prompt: list[int], n: int) -> list[int]:
 
 
 @pytest.mark.parametrize("drafter", ["eagle3:{echo}@3", "eagle3:{echo},width=1@3", "eagle3:{echo}",
-                                     "eagle3:{random}", "auto:suffix+eagle3:{echo}"])
-def test_greedy_with_an_eagle3_drafter_is_plain_decodings(smollm2, files, drafter):
+                                     "eagle3:{random}", "auto:suffix+eagle3:{echo}", "dflash:{dflash}@4",
+                                     "dflash:{dflash}", "dflash:{dflash},branch=1@6"])
+def test_greedy_with_an_eagle3_or_dflash_drafter_is_plain_decodings(smollm2, files, drafter):
     spec = DrafterSpec.parse(drafter.format(**files))
     for text in (REPEATS, "The capital of France is"):
         prompt = smollm2.model.tokenize(text)
@@ -118,6 +123,10 @@ def test_auto_drafts_with_the_mtp_layers_a_target_has(glm, files):
     ("eagle3:{wide}", "made for a target of width 1024"),
     ("eagle3:{for-glm}", "made for a target of width 128"),
     ("eagle3:{glm}", "is a glm4moe model, not an EAGLE-3 drafter"),
+    ("eagle3:{dflash}", "is a dflash model, not an EAGLE-3 drafter"),
+    ("dflash:{dflash-wide}", "made for a target of width 1024"),
+    ("dflash:{echo}", "is a eagle3 model, not a DFlash drafter"),
+    ("dflash", "dflash needs its file"),
     ("eagle3:/nonexistent/eagle3.gguf", "nonexistent"),
     ("eagle3", "eagle3 needs its file")])
 def test_a_drafter_made_for_another_target_is_refused_in_one_line(smollm2, files, drafter, why):
@@ -139,6 +148,7 @@ def test_eagle3_on_a_target_llama_cpp_hands_no_layer_inputs_is_refused(qwen_path
 
 
 @pytest.mark.parametrize("target,drafter,text", [("smollm2", "eagle3:{echo}@3", REPEATS),
+                                                  ("smollm2", "dflash:{dflash}@4", REPEATS),
                                                   ("glm", "mtp,width=1@3", "1 2 3 4 5 6 7 8"),
                                                   ("qwen35", "mtp@3", "1 2 3 4 5 6 7 8")])
 def test_sampling_with_a_model_drafter_keeps_the_targets_distribution(request, files, target, drafter, text):

@@ -14,7 +14,7 @@ from localspec.drafters.acceptance_head import AcceptanceHead
 from localspec.drafters.base import DraftClock, Drafter
 from localspec.drafters.draft_model import DraftModelDrafter, check_same_vocabulary
 from localspec.drafters.draft_model import draft_context as open_draft_context
-from localspec.drafters.heads import HeadDrafter, drafter_path, head_context
+from localspec.drafters.heads import DFlashDrafter, HeadDrafter, drafter_path, head_context
 from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime
 from localspec.drafters.lookup import LookupDrafter
 from localspec.drafters.spec import HEADS, DrafterSpec, Head
@@ -248,7 +248,7 @@ def _draft_model(drafters: Drafters, spec: DrafterSpec) -> Drafter:
 @factory(*HEADS)
 def _head(drafters: Drafters, spec: DrafterSpec) -> Drafter:
     target = drafters.model
-    model = target if spec.kind == "mtp" else drafters.load(drafter_path(spec.model))
+    model = target if spec.kind == "mtp" else drafters.load(drafter_path(spec.kind, spec.model))
     try:
         ctx, states = head_context(spec.kind, target, model, drafters.targets, drafters.n_ctx, drafters.threads)
     except LocalspecError:
@@ -256,8 +256,10 @@ def _head(drafters: Drafters, spec: DrafterSpec) -> Drafter:
             model.close()
         raise
     # One sequence a target context (a recurrent state's): chains.
-    width = spec.width if drafters.targets[0].config.n_seq_max > 1 else 1
-    return HeadDrafter(spec.without_k().label, ctx, states, target, width, spec.branch)
+    trees = drafters.targets[0].config.n_seq_max > 1
+    if spec.kind == "dflash":
+        return DFlashDrafter(spec.without_k().label, ctx, states, target, spec.branch if trees else 1)
+    return HeadDrafter(spec.without_k().label, ctx, states, target, spec.width if trees else 1, spec.branch)
 
 
 @factory("jakiro")

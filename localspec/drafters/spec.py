@@ -9,8 +9,8 @@ from pathlib import Path
 
 from localspec.errors import LocalspecError
 
-KINDS = ("auto", "none", "lookup", "suffix", "draft", "draft-tree", "jakiro", "mtp", "eagle3")
-HEADS = ("mtp", "eagle3")  # the drafters llama.cpp runs on the target's hidden states
+KINDS = ("auto", "none", "lookup", "suffix", "draft", "draft-tree", "jakiro", "mtp", "eagle3", "dflash")
+HEADS = ("mtp", "eagle3", "dflash")  # the drafters llama.cpp runs on the target's hidden states
 
 HELP = ("auto[:D+D...] (the default: Cascade picks the drafter and K per request and phase, or "
         "plain decoding, among every drafter available or those listed) | none | lookup | "
@@ -19,7 +19,8 @@ HELP = ("auto[:D+D...] (the default: Cascade picks the drafter and K per request
         "draft[:MODEL][,head=FILE|on|off] | draft-tree[:MODEL][,head=...] | "
         "jakiro[:FILE][,width=N][,branch=N][,cepd=on|off][,vocab=draft|full][,head=FILE|on|off] | "
         "mtp[,width=N][,branch=N] (the target's own MTP layers) | eagle3:FILE[,width=N][,branch=N] "
-        "(an EAGLE-3 GGUF made for the target); width 1: a chain; "
+        "(an EAGLE-3 GGUF made for the target); width 1: a chain | dflash:FILE[,branch=N] (a "
+        "DFlash GGUF: a block a forward); "
         "any but auto and none may end in @K, a static K. MODEL: a registry name or a .gguf "
         "(default: qwen2.5-coder-0.5b-instruct); FILE: a Jakiro drafter (default: the one that "
         "ships for the target); head: the acceptance head (default: the one trained for the "

@@ -86,11 +86,16 @@ class HeadContext(Context):
     states of recent positions (commit), decodes the pairs a context needs (catch_up), and
     while drafting pairs each token with the state of the row it was drafted from (append,
     decode_pairs). `encode`: EAGLE-3, whose fc layer turns the target's three layer inputs
-    into its own state first (llama.cpp's ENCODE)."""
+    into its own state first (llama.cpp's ENCODE). DFlash holds the states themselves
+    (inject) and drafts a block of tokens in one forward (Context.decode)."""
 
-    def __init__(self, model: Model, config: ContextConfig, target: Context, encode: bool = False):
+    def __init__(self, model: Model, config: ContextConfig, target: Context, encode: bool = False,
+                 causal: bool = True):
+        """`causal` False: its tokens attend to each other both ways (DFlash's block)."""
         super().__init__(model, config, beside=target)
         llx.llama_set_embeddings_nextn(self.ptr, True, True)  # its rows' own states, for the next step
+        if not causal:
+            ll.llama_set_causal_attn(self.ptr, False)
         self.encode = encode
         self.width = ll.llama_model_n_embd_out(model.ptr) if config.mtp else model.n_embd
         self.states: dict[int, np.ndarray] = {}  # context position -> the target's state there
@@ -192,6 +197,38 @@ class HeadContext(Context):
             ll.llama_batch_ext_set_output_logits(b, idx, bool(outputs[i]) if outputs is not None else True)
         check_status(ll.llama_process(self.ptr, ll.LLAMA_PROCESS_TYPE_DECODE, b), len(tokens))
         self._last_row = len(tokens) - 1
+
+    def inject(self, tokens: Sequence[int]) -> None:
+        """DFlash: make the KV hold the target's states of the positions of `tokens` but its
+        last (the root), each decoded as an embedding alone at its position (llama.cpp's
+        DFlash graph writes them to the KV as they are, no attention, no logits)."""
+        n = len(tokens) - 1  # positions 0 .. n - 1 have states
+        first = n
+        while first > 0 and first - 1 in self.states:
+            first -= 1
+        keep = min(common_prefix(self.tokens, tokens), n)
+        if keep < first:  # a gap in what is known: afresh from the first position known
+            self._seq_rm(-1, 0, -1)
+            self.tokens = list(tokens[:first])
+            keep = first
+        self.truncate(keep)
+        b = self._batch
+        position = (ll.llama_pos * 4)()
+        for start in range(keep, n, self.config.n_ubatch):
+            rows = np.ascontiguousarray(np.stack([self.states[p] for p in range(start, min(n, start + self.config.n_ubatch))]),
+                                        np.float32)
+            ll.llama_batch_ext_clear(b)
+            for i, row in enumerate(rows):
+                embd = ll.llama_embd(_c.cast(rows.ctypes.data + i * rows.strides[0], _c.POINTER(_c.c_float)), 1, rows.shape[1])
+                idx = ll.llama_batch_ext_add_embd(b, 0, embd)
+                if idx < 0:
+                    raise LocalspecError(f"the drafter does not read target states of width {rows.shape[1]}")
+                position[0] = position[1] = position[2] = start + i
+                ll.llama_batch_ext_set_pos(b, idx, position)
+            check_status(ll.llama_process(self.ptr, ll.LLAMA_PROCESS_TYPE_DECODE, b), len(rows))
+            self.tokens.extend(tokens[start:start + len(rows)])
+        for p in [p for p in self.states if p < n - 1]:  # never read again in this context
+            del self.states[p]
 
     def _encode(self, features: np.ndarray) -> np.ndarray:
         """EAGLE-3's fc layer over the target's features: its own states, a row each."""

@@ -77,6 +77,7 @@ class SpecialTokens:
     fim_pad: int
     fim_rep: int
     fim_sep: int
+    mask: int = -1  # a DFlash drafter's block filler
 
 
 class Model:
@@ -130,7 +131,7 @@ class Model:
             bos=ll.llama_vocab_bos(v), eos=ll.llama_vocab_eos(v), eot=ll.llama_vocab_eot(v),
             fim_pre=ll.llama_vocab_fim_pre(v), fim_suf=ll.llama_vocab_fim_suf(v),
             fim_mid=ll.llama_vocab_fim_mid(v), fim_pad=ll.llama_vocab_fim_pad(v),
-            fim_rep=ll.llama_vocab_fim_rep(v), fim_sep=ll.llama_vocab_fim_sep(v),
+            fim_rep=ll.llama_vocab_fim_rep(v), fim_sep=ll.llama_vocab_fim_sep(v), mask=ll.llama_vocab_mask(v),
         )
         self._piece_cache: dict[int, bytes] = {}
         self._eog = frozenset(_native.eog_tokens(ptr))  # asked of every token generated
