@@ -7,8 +7,8 @@
 # chains, trees, a no-draft step against plain's) with the batch shapes on (auto) and off,
 # T 0.8 with top-k 40 (each row's candidates from the graph), Jakiro's draft trees grown on the
 # device against the target's forward (scripts/jakiro_cost.py), tiny hybrids (qwen35, lfm2:
-# chains with the recurrent state rolled back), then, time allowing, the Qwen3-30B-A3B-shaped
-# MoE (../shared/gpu/make_moe.py).
+# chains with the recurrent state rolled back), model drafters (an MTP layer, an EAGLE-3 step),
+# then, time allowing, the Qwen3-30B-A3B-shaped MoE (../shared/gpu/make_moe.py).
 # The log, the JSON and the cost curves land in $OUT (a device call brings back 8 files).
 #   run(command="bash scripts/gpu-check.sh", carry=[".gpu"], timeout_s=590)
 # QUICK=1: the 7B alone (no MoE, no shapes-off run), for a second call in a short budget.
@@ -70,6 +70,17 @@ for a in qwen35 lfm2; do
     --drafter lookup --drafter suffix 2>&1 | grep -E "^\| (plain|lookup|suffix) "
 done
 el "hybrids (rollback on the device)"
+# Model drafters (issue 48): a tiny Qwen3.5 whose echo MTP layer is accepted where it repeats
+# (chains, the state rolled back), against plain decoding; then an EAGLE-3 step of a 7B's
+# shapes (its own 32k head) against the 7B's forward on the device.
+$V/python tests/random_gguf.py qwen35 tiny /tmp/models/q35mtp.gguf --mtp --echo --repeats --tokenizer $G/qwen15-skel.gguf > /dev/null
+timeout 40 $L bench -m /tmp/models/q35mtp.gguf --workload code-edit --limit 2 --max-tokens 64 \
+  --drafter mtp --drafter mtp@3 2>&1 | grep -E "^\| (plain|mtp)"
+if [ $(( $(date +%s) - S )) -lt 420 ]; then
+  $V/python tests/random_gguf.py eagle3 tiny /tmp/models/e3.gguf --target /tmp/models/rand-7b.gguf --draft-vocab 32000 > /dev/null
+  timeout 60 $V/python scripts/head_cost.py /tmp/models/rand-7b.gguf eagle3:/tmp/models/e3.gguf --gpu-layers 99 --reps 9 2>&1 | tail -4
+fi
+el "model drafters"
 # The MoE (Qwen3-30B-A3B's shapes, issue 43's second target) while time is left in 9 minutes.
 if [ -z "${QUICK:-}" ] && [ $(( $(date +%s) - S )) -lt 390 ]; then
   M="-m /tmp/models/rand-moe.gguf --workload code-edit --max-tokens 128"

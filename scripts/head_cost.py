@@ -7,7 +7,7 @@ Each figure is the median of --reps, alternating: the target's forward of one to
 state, after as many pairs); also what a drafter pays once an iteration to take in the target's
 states of what was accepted (EAGLE-3's fc layer and the pairs' decode, for 3 tokens).
 
-    python scripts/head_cost.py TARGET.gguf [eagle3:FILE.gguf] [mtp:FILE.gguf] [--threads 2]
+    python scripts/head_cost.py TARGET.gguf [eagle3:FILE.gguf] [mtp:FILE.gguf] [--threads 2] [--gpu-layers 99]
 """
 
 import argparse
@@ -35,8 +35,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--depth", type=int, default=256)
     p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--gpu-layers", type=int, default=0, help="the target's and drafters' layers on the GPU")
     a = p.parse_args()
-    target = Model(a.target)
+    target = Model(a.target, a.gpu_layers)
     ctx = Context(target, ContextConfig(n_ctx=a.depth + 64, n_threads=a.threads))
     rng = np.random.default_rng(0)
     context = [int(t) for t in rng.integers(100, 1000, a.depth)]
@@ -45,7 +46,7 @@ def main() -> None:
     heads = {}
     for spec in a.drafters:
         kind, path = spec.split(":", 1)
-        model = Model(path, mtp=kind == "mtp")
+        model = Model(path, a.gpu_layers, mtp=kind == "mtp")
         head = HeadContext(model, ContextConfig(n_ctx=a.depth + 64, n_threads=a.threads, mtp=kind == "mtp"),
                            ctx, encode=kind == "eagle3")
         width = 3 * target.n_embd if kind == "eagle3" else head.width

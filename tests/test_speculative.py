@@ -255,14 +255,15 @@ def test_stopping_with_a_forward_in_flight_leaves_the_cache_as_handed_out(small_
 def test_draft_model_greedy_identical_to_plain(target, reference, small_path, width):
     """The draft model here is the target's own GGUF (the one small model with its
     tokenizer), so drafts are the target's argmax up to a near tie; the tree's other
-    branches are the draft's runners-up. The chain and the tree each run a quarter of the
-    prompts, different ones, to keep the suite's time down."""
+    branches are the draft's runners-up. The chain runs a quarter of the prompts, the tree an
+    eighth (other ones; MTP, EAGLE-3 and DFlash trees grow the same way, tests/test_heads.py),
+    to keep the suite's time down."""
     with Model(small_path) as dm, draft_context(dm, 2048, 1) as dctx:
         drafter = DraftModelDrafter(dctx, target.model, width=width)
         stats = Stats()
-        for p in (PROMPTS[1::4] if width == 1 else PROMPTS[::4]):
+        for p in (PROMPTS[1::4] if width == 1 else PROMPTS[::8]):
             assert speculative(target, drafter, target.model.tokenize(p), stats=stats) == reference[p], p
-    assert stats.draft_n_accepted > 250
+    assert stats.draft_n_accepted > (250 if width == 1 else 120), stats.summary()
     if width > 1:
         assert stats.draft_n > 2 * stats.draft_n_accepted  # branches were verified and rejected
 
