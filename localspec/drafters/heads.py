@@ -27,42 +27,28 @@ LAYER_INPUTS = frozenset({"llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "
                           "deepseek4", "bailingmoe3", "hunyuan_vl", "lfm2", "nanbeige", "muse-glimmer"})
 
 
-def check_eagle3(target: Model, drafter: Model) -> list[int]:
-    """Refuse, in one line, an EAGLE-3 drafter made for another target; its target layers."""
-    name = drafter.path.name
-    if drafter.architecture != "eagle3":
-        raise LocalspecError(f"{name} is a {drafter.architecture} model, not an EAGLE-3 drafter")
-    if target.architecture not in LAYER_INPUTS:
-        raise LocalspecError(f"llama.cpp cannot hand an EAGLE-3 drafter the hidden states of a "
-                             f"{target.architecture} target ({target.path.name})")
-    hidden = int(drafter.meta("eagle3.target_hidden_size") or 0)
-    if hidden != target.n_embd:
-        raise LocalspecError(f"{name} was made for a target of width {hidden}; "
-                             f"{target.path.name} has {target.n_embd}: not made for it")
-    layers = target_layers(drafter)
-    if len(layers) != 3 or max(layers) >= target.n_layer or min(layers) < 0:
-        raise LocalspecError(f"{name} reads target layers {layers}; {target.path.name} has "
-                             f"{target.n_layer}: not made for it")
-    check_same_vocabulary(target, drafter)
-    return layers
+NAMES = {"eagle3": "an EAGLE-3", "dflash": "a DFlash"}
 
 
-def check_dflash(target: Model, drafter: Model) -> list[int]:
-    """Refuse, in one line, a DFlash drafter made for another target; its target layers."""
-    name = drafter.path.name
-    if drafter.architecture != "dflash":
-        raise LocalspecError(f"{name} is a {drafter.architecture} model, not a DFlash drafter")
+def check_drafter(kind: str, target: Model, drafter: Model) -> list[int]:
+    """Refuse, in one line, an EAGLE-3 or DFlash drafter (`kind`) made for another target, or
+    for one llama.cpp cannot hand the hidden states it reads; its target layers."""
+    name, what = drafter.path.name, NAMES[kind]
+    if drafter.architecture != kind:
+        raise LocalspecError(f"{name} is a {drafter.architecture} model, not {what} drafter")
     if target.architecture not in LAYER_INPUTS:
-        raise LocalspecError(f"llama.cpp cannot hand a DFlash drafter the hidden states of a "
+        raise LocalspecError(f"llama.cpp cannot hand {what} drafter the hidden states of a "
                              f"{target.architecture} target ({target.path.name})")
-    if drafter.n_embd != target.n_embd:
-        raise LocalspecError(f"{name} was made for a target of width {drafter.n_embd}; "
+    # EAGLE-3 says the width it reads; a DFlash drafter reads states of its own width.
+    width = int(drafter.meta("eagle3.target_hidden_size") or 0) if kind == "eagle3" else drafter.n_embd
+    if width != target.n_embd:
+        raise LocalspecError(f"{name} was made for a target of width {width}; "
                              f"{target.path.name} has {target.n_embd}: not made for it")
     layers = target_layers(drafter)
-    if not layers or max(layers) >= target.n_layer or min(layers) < 0:
+    if not layers or (kind == "eagle3" and len(layers) != 3) or max(layers) >= target.n_layer or min(layers) < 0:
         raise LocalspecError(f"{name} reads target layers {layers}; {target.path.name} has "
                              f"{target.n_layer}: not made for it")
-    if drafter.special.mask < 0:
+    if kind == "dflash" and drafter.special.mask < 0:
         raise LocalspecError(f"{name} names no mask token (tokenizer.ggml.mask_token_id)")
     check_same_vocabulary(target, drafter)
     return layers
@@ -78,7 +64,7 @@ def head_context(kind: str, target: Model, drafter: Model, targets: list[Context
                                  f"{target.path.name} was loaded without its MTP layers: start with --drafter mtp")
         states = TargetStates()
     else:
-        states = TargetStates((check_eagle3 if kind == "eagle3" else check_dflash)(target, drafter))
+        states = TargetStates(check_drafter(kind, target, drafter))
     for ctx in targets:
         states.stage(ctx)
     config = ContextConfig(n_ctx=n_ctx, n_threads=threads, n_seq_max=9, context_in_every_sequence=False,
