@@ -1,13 +1,14 @@
 """What a drafting step of a model drafter llama.cpp runs (an EAGLE-3 GGUF, a target's MTP
-layer) costs against the target's forward, timed here on random weights of real shapes
-(issue 48's goal: at most 0.15x the forward of a 7B-class target).
+layer, a DFlash GGUF) costs against the target's forward, timed here on random weights of real
+shapes (issue 48's goal: at most 0.15x the forward of a 7B-class target).
 
 Each figure is the median of --reps, alternating: the target's forward of one token after
 --depth tokens of context, and each drafter's step (one drafted token decoded with a hidden
-state, after as many pairs); also what a drafter pays once an iteration to take in the target's
-states of what was accepted (EAGLE-3's fc layer and the pairs' decode, for 3 tokens).
+state, after as many pairs; DFlash: its block, the root and block_size - 1 masks, in one
+forward); also what a drafter pays once an iteration to take in the target's states of what
+was accepted, 3 tokens (EAGLE-3's fc layer and the pairs' decode; DFlash's injection).
 
-    python scripts/head_cost.py TARGET.gguf [eagle3:FILE.gguf] [mtp:FILE.gguf] [--threads 2] [--gpu-layers 99]
+    python scripts/head_cost.py TARGET.gguf [eagle3:FILE] [mtp:FILE] [dflash:FILE] [--threads 2] [--gpu-layers 99]
 """
 
 import argparse
@@ -19,7 +20,7 @@ import numpy as np
 
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig
-from localspec.llama.heads import HeadContext
+from localspec.llama.heads import HeadContext, target_layers
 
 
 def timed(f) -> float:
@@ -48,37 +49,47 @@ def main() -> None:
         kind, path = spec.split(":", 1)
         model = Model(path, a.gpu_layers, mtp=kind == "mtp")
         head = HeadContext(model, ContextConfig(n_ctx=a.depth + 64, n_threads=a.threads, mtp=kind == "mtp"),
-                           ctx, encode=kind == "eagle3")
-        width = 3 * target.n_embd if kind == "eagle3" else head.width
-        for p_ in range(a.depth - 1):  # the context's pairs, states drawn at random
+                           ctx, encode=kind == "eagle3", causal=kind != "dflash")
+        width = {"eagle3": 3 * target.n_embd, "mtp": head.width,
+                 "dflash": len(target_layers(model)) * target.n_embd}[kind]
+        for p_ in range(a.depth - 1):  # the context's states, drawn at random
             head.states[p_] = rng.normal(0, 1, width).astype(np.float32)
-        head.catch_up(context)
-        heads[f"{kind}:{Path(path).name} ({_mb(path)} MB)"] = (head, width)
+        (head.inject if kind == "dflash" else head.catch_up)(context)
+        heads[f"{kind}:{Path(path).name} ({_mb(path)} MB)"] = (kind, head, width)
 
     def target_step():
         ctx.append(7)
         ctx.truncate(a.depth)
 
-    def draft_step(head):
+    def draft_step(kind, head, width):
+        if kind == "dflash":  # a block: the root and its masks
+            k = int(head.model.meta("dflash.block_size") or 16)
+            block = [7] + [head.model.special.mask] * (k - 1)
+            return lambda: (head.decode(block, range(a.depth - 1, a.depth - 1 + k), seq_ids=[[0]] * k,
+                                        outputs=[True] * k), head.drop_branches(1))
         state = rng.normal(0, 1, (1, head.width)).astype(np.float32)
         return lambda: (head.decode_pairs([7], state, [a.depth], [[0]]), head._seq_rm(-1, a.depth, -1))
 
-    def take_in(head, width):  # 3 accepted tokens' states, then their pairs
+    def take_in(kind, head, width):  # 3 accepted tokens' states, then their pairs (or KV)
         def run():
             for i in range(3):
                 head.states[a.depth - 1 + i] = rng.normal(0, 1, width).astype(np.float32)
-            head.catch_up(context + [7, 8, 9])
-            head.truncate(a.depth)
+            if kind == "dflash":
+                head.inject(context + [7, 8, 9, 10])
+                head.truncate(a.depth - 1)
+            else:
+                head.catch_up(context + [7, 8, 9])
+                head.truncate(a.depth)
         return run
 
-    for f in [target_step] + [draft_step(h) for h, _ in heads.values()]:
+    for f in [target_step] + [draft_step(*h) for h in heads.values()]:
         f()  # warm up: graphs planned, weights paged in
     times: dict[str, list[float]] = {"target forward": []}
     for _ in range(a.reps):
         times["target forward"].append(timed(target_step))
-        for name, (head, width) in heads.items():
-            times.setdefault(name + " step", []).append(timed(draft_step(head)))
-            times.setdefault(name + " take-in of 3", []).append(timed(take_in(head, width)))
+        for name, h in heads.items():
+            times.setdefault(name + " step", []).append(timed(draft_step(*h)))
+            times.setdefault(name + " take-in of 3", []).append(timed(take_in(*h)))
     base = statistics.median(times["target forward"])
     print(f"{Path(a.target).name} ({_mb(a.target)} MB), {a.threads} threads, after {a.depth} tokens, "
           f"median of {a.reps}:")

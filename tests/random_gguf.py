@@ -12,8 +12,8 @@ qwen3next (Qwen3.5's MoE forerunner), falcon-h1 (attention beside mamba2 in each
 (mamba + attention, MoE), rwkv7 (recurrent only), kimi-linear (Kimi delta attention + MLA, MoE).
 SIZE: tiny (embedding 128, 2-4 layers, ~50 MiB with a 49k vocabulary, made in ~0.6 s, loads in
 ~0.1 s), small (embedding 256, twice the layers), 1b (embedding 1024, 8-16 layers: timing; the
-MoE ones up to 2.3 GiB), 7b-mtp (a 7B's embedding, the fewest layers: an MTP layer's step at a
-7B's width). Tensor names, shapes and keys follow llama.cpp's loaders
+MoE ones up to 2.3 GiB), 7b-mtp (qwen35 alone: a 7B's embedding and FFN, the fewest layers: an
+MTP layer's step at a 7B's shape). Tensor names, shapes and keys follow llama.cpp's loaders
 (src/models/<arch>.cpp); dims are chosen to meet the CUDA kernels' limits too (SSM_CONV channels
 % 128, mamba2 d_state 128, mamba d_state 16, delta-net head 32, RWKV-7 head 64; checked on CPU
 only). The tokenizer (every `tokenizer.*` key) comes from another GGUF, the SmolLM2 test model by
@@ -121,9 +121,9 @@ def qwen3moe(E, n):
                           + norm(E, "ffn_norm") + moe(E, X, E)}
 
 
-def qwen35(E, n, X=0, next_=False):  # X experts (qwen35moe); next_: Qwen3-Next
-    H, D, N, HK, HV = E // 64, 64, 32, E // 64, E // 32
-    kv = {"feed_forward_length": 2 * E, "attention.head_count": H, "attention.head_count_kv": 1,
+def qwen35(E, n, X=0, next_=False, F=None):  # X experts (qwen35moe); next_: Qwen3-Next; F: FFN
+    H, D, N, HK, HV, F = E // 64, 64, 32, E // 64, E // 32, F or 2 * E
+    kv = {"feed_forward_length": F, "attention.head_count": H, "attention.head_count_kv": 1,
           "attention.key_length": D, "attention.value_length": D, "rope.freq_base": 1e7,
           "rope.dimension_count": 16, "rope.dimension_sections": [3, 3, 2, 0],
           "attention.layer_norm_rms_epsilon": 1e-6, "full_attention_interval": 2,
@@ -132,7 +132,7 @@ def qwen35(E, n, X=0, next_=False):  # X experts (qwen35moe); next_: Qwen3-Next
     if next_:  # plain (partial) RoPE
         del kv["rope.dimension_sections"]
     mlp = (moe(E, X, E) + ffn(E, E, suffix="_shexp") + [("ffn_gate_inp_shexp.weight", (E,), W)]
-           if X else ffn(E, 2 * E))
+           if X else ffn(E, F))
     common = norm(E, "attn_norm", "post_attention_norm") + mlp
     return kv, "RA" * 2 * n, {"R": common + gated_delta_net(E, N, HK, HV, 4, fused_ba=next_),
                               "A": common + attn(E, H, 1, D, q_mult=2, qk_norm=True)}
@@ -388,7 +388,9 @@ def make(arch: str, size: str, out: Path, tokenizer: Path = DEFAULT_TOKENIZER, s
     predicted last again; `repeats`: its output head is its token embeddings, so it mostly
     repeats a token (what an echo drafter is accepted on)."""
     E, reps = SIZES[size]
-    kv, pattern, blocks = ARCHS[arch](E, reps)
+    if size == "7b-mtp" and arch != "qwen35":
+        raise SystemExit("7b-mtp: a qwen35")
+    kv, pattern, blocks = ARCHS[arch](E, reps, **({"F": 18944} if size == "7b-mtp" else {}))  # a 7B's FFN
     if mtp and arch not in MTP_BLOCK:
         raise SystemExit(f"--mtp: one of {', '.join(MTP_BLOCK)}")
     vocab = vocab_size(tokenizer)

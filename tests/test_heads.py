@@ -162,7 +162,7 @@ def test_sampling_with_a_model_drafter_keeps_the_targets_distribution(request, f
     prompt = engine.model.tokenize(text)
     counts: dict[int, list[int]] = {}
     accepted = 0
-    for seed in range(100):
+    for seed in range(70 if target == "smollm2" else 100):  # SmolLM2 is the slower target
         sampling = SamplingConfig(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0, seed=seed)
         for column, d in enumerate((NONE, spec)):  # the prompt from the cache: no prefill
             done = list(engine.generate(Request(prompt=prompt, sampling=sampling, max_tokens=4,

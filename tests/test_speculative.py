@@ -76,15 +76,15 @@ def speculative(ctx, drafter, prompt, n=N_TOKENS, sampling=GREEDY, stats=None, m
 
 
 def test_lookup_greedy_identical_to_plain(target, reference):
-    """The odd prompts (the suffix drafter and the argmax on the device, below, run even
-    ones: in half the suite's time)."""
+    """Every fourth prompt from the second (the suffix drafter and the argmax on the device,
+    below, run even ones: in a quarter of the suite's time)."""
     stats = Stats()
     drafter = LookupDrafter()
-    for p in PROMPTS[1::2]:
+    for p in PROMPTS[1::4]:
         assert speculative(target, drafter, target.model.tokenize(p), stats=stats) == reference[p], p
     # The test means something only if drafts were verified, accepted and rejected, and some
     # iterations emitted many tokens.
-    assert stats.draft_n_accepted > 100 and stats.draft_n - stats.draft_n_accepted > 50
+    assert stats.draft_n_accepted > 50 and stats.draft_n - stats.draft_n_accepted > 25, stats.summary()
     assert stats.tau > 1.3
 
 
@@ -255,15 +255,15 @@ def test_stopping_with_a_forward_in_flight_leaves_the_cache_as_handed_out(small_
 def test_draft_model_greedy_identical_to_plain(target, reference, small_path, width):
     """The draft model here is the target's own GGUF (the one small model with its
     tokenizer), so drafts are the target's argmax up to a near tie; the tree's other
-    branches are the draft's runners-up. The chain runs a quarter of the prompts, the tree an
-    eighth (other ones; MTP, EAGLE-3 and DFlash trees grow the same way, tests/test_heads.py),
-    to keep the suite's time down."""
+    branches are the draft's runners-up. The chain and the tree each run an eighth of the
+    prompts, different ones (MTP, EAGLE-3 and DFlash chains and trees grow the same way,
+    tests/test_heads.py), to keep the suite's time down."""
     with Model(small_path) as dm, draft_context(dm, 2048, 1) as dctx:
         drafter = DraftModelDrafter(dctx, target.model, width=width)
         stats = Stats()
-        for p in (PROMPTS[1::4] if width == 1 else PROMPTS[::8]):
+        for p in (PROMPTS[1::8] if width == 1 else PROMPTS[::8]):
             assert speculative(target, drafter, target.model.tokenize(p), stats=stats) == reference[p], p
-    assert stats.draft_n_accepted > (250 if width == 1 else 120), stats.summary()
+    assert stats.draft_n_accepted > 120, stats.summary()
     if width > 1:
         assert stats.draft_n > 2 * stats.draft_n_accepted  # branches were verified and rejected
 
@@ -281,7 +281,7 @@ def test_draft_tree_sampling_runs(target, small_path):
 
 
 def test_kv_cache_equals_fresh_prefill_after_random_rounds(small_model):
-    """200 rounds of random trees, some following the greedy continuation for a while and
+    """120 rounds of random trees, some following the greedy continuation for a while and
     then going wrong, some wrong from the start: afterwards the next-token logits from the
     KV cache equal a fresh prefill of the same tokens, and the output is the greedy one."""
     rng = np.random.default_rng(0)
@@ -290,11 +290,12 @@ def test_kv_cache_equals_fresh_prefill_after_random_rounds(small_model):
     with Context(m, ContextConfig(n_ctx=2048, n_seq_max=8, n_threads=1)) as ctx, \
             Context(m, ContextConfig(n_ctx=2048, n_threads=1)) as fresh:
         prompt = m.tokenize("def quicksort(items):\n")
-        # The 200 rounds below (seeded) emit 539 tokens; a right chain reads at most 8 past them.
-        truth = generate(fresh, prompt, 640, GREEDY, stop_at_eog=False)
+        # The 120 rounds below (seeded) emit fewer than 390 tokens; a right chain reads at most 8
+        # past them.
+        truth = generate(fresh, prompt, 400, GREEDY, stop_at_eog=False)
         ctx.prefill(prompt)
         pending, out = [truth[0]], [truth[0]]
-        for _ in range(200):
+        for _ in range(120):
             n = int(rng.integers(1, 9))
             parents = np.array([int(rng.integers(-1, i)) for i in range(n)], np.int32)
             tokens = rng.integers(0, m.n_vocab, n).astype(np.int32)
@@ -306,7 +307,7 @@ def test_kv_cache_equals_fresh_prefill_after_random_rounds(small_model):
             out += verdict.tokens
             pending = verdict.tokens[verdict.n_cached:]
         assert out == truth[:len(out)]
-        assert len(out) > 400  # many nodes were accepted
+        assert len(out) > 240  # many nodes were accepted
         row = ctx.extend(pending)
         # The reference: the same tokens decoded one at a time, as plain generation does.
         # (One batched prefill of them would differ: llama.cpp's large-batch kernels round
@@ -354,7 +355,7 @@ def test_qwen_greedy_differs_only_at_measured_ties_and_strict_is_identical(qwen_
                 assert engine.exactness()[1] >= 2, "no batch reproduces single tokens here"
             else:
                 assert engine.exactness()[0] > 0
-            for prompt in PROMPTS[:2]:  # two: the 0.5B is the suite's slowest model
+            for prompt in PROMPTS[:1 if strict else 2]:  # the 0.5B is the suite's slowest model
                 tokens = engine.model.tokenize(prompt)
                 ref, _ = run_ours(engine, tokens, NONE, 64, GREEDY)
                 for drafter in ("lookup", "suffix"):
