@@ -362,13 +362,13 @@ def write(out: Path, arch: str, name: str, tokenizer: Path, kv: dict, plan: list
     made: dict[str, np.ndarray] = {}
     for tensor, shape, kind in plan:  # kind: how to draw it, its values, or a tensor made before
         if isinstance(kind, np.ndarray):
-            made[tensor] = kind
+            made[tensor] = kind if kind.dtype == np.int64 else kind.astype(np.float32)
         else:
-            made[tensor] = made[kind] if kind in made else init(rng, kind, shape)
+            made[tensor] = made[kind] if kind in made else init(rng, kind, shape).astype(np.float32)
         if made[tensor].dtype == np.int64:  # token ids (d2t)
             w.add_tensor(tensor, made[tensor], raw_dtype=gguf.GGMLQuantizationType.I64)
         else:
-            w.add_tensor(tensor, made[tensor].astype(np.float32))
+            w.add_tensor(tensor, made[tensor])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
