@@ -226,15 +226,15 @@ def cmd_models(a: argparse.Namespace) -> None:
 
 def drafts_with(path) -> str:
     """What a model file brings to drafting, said after its row: MTP layers, or that it is an
-    EAGLE-3 drafter."""
+    EAGLE-3 or DFlash drafter."""
     from localspec.llama import gguf
     try:
         meta = gguf.read_header(path).metadata
     except (ValueError, OSError):
         return ""
     arch = meta.get("general.architecture")
-    if arch == "eagle3":
-        return f" · an EAGLE-3 drafter: --drafter eagle3:{path}"
+    if arch in ("eagle3", "dflash"):
+        return f" · {'an EAGLE-3' if arch == 'eagle3' else 'a DFlash'} drafter: --drafter {arch}:{path}"
     n = gguf.mtp_layers(path)
     return f" · {n} MTP layer{'s' * (n > 1)}: --drafter mtp (auto drafts with them)" if n else ""
 

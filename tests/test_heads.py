@@ -187,14 +187,15 @@ def test_an_engine_started_with_an_eagle3_drafter_drafts_with_it(files, small_pa
         engine.close()
 
 
-def test_models_says_which_targets_carry_mtp_layers(files, tmp_path, monkeypatch):
+def test_models_says_which_targets_carry_mtp_layers_and_which_files_are_drafters(files, tmp_path, monkeypatch):
     from test_store_cli import localspec
     for var in ("LLAMA_CACHE", "OLLAMA_MODELS", "HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME", "LOCALSPEC_MODEL_DIRS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     folder = tmp_path / "home/.lmstudio/models/acme/GLM-GGUF"
     folder.mkdir(parents=True)
-    for name, key in (("glm-mtp.gguf", "glm"), ("glm.gguf", "glm-plain"), ("eagle3.gguf", "echo")):
+    for name, key in (("glm-mtp.gguf", "glm"), ("glm.gguf", "glm-plain"), ("eagle3.gguf", "echo"),
+                      ("dflash.gguf", "dflash")):
         (folder / name).symlink_to(files[key])
     r = localspec("models", home=tmp_path / "ls")
     assert r.returncode == 0, r.stderr
@@ -202,3 +203,4 @@ def test_models_says_which_targets_carry_mtp_layers(files, tmp_path, monkeypatch
     assert "1 MTP layer: --drafter mtp" in rows["lmstudio:acme/GLM-GGUF/glm-mtp.gguf"]
     assert "MTP" not in rows["lmstudio:acme/GLM-GGUF/glm.gguf"]
     assert "an EAGLE-3 drafter: --drafter eagle3:" in rows["lmstudio:acme/GLM-GGUF/eagle3.gguf"]
+    assert "a DFlash drafter: --drafter dflash:" in rows["lmstudio:acme/GLM-GGUF/dflash.gguf"]
