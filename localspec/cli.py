@@ -235,7 +235,7 @@ def drafts_with(path) -> str:
     arch = meta.get("general.architecture")
     if arch in ("eagle3", "dflash"):
         return f" · {'an EAGLE-3' if arch == 'eagle3' else 'a DFlash'} drafter: --drafter {arch}:{path}"
-    n = gguf.mtp_layers(path)
+    n = gguf.mtp_layers(meta)
     return f" · {n} MTP layer{'s' * (n > 1)}: --drafter mtp (auto drafts with them)" if n else ""
 
 

@@ -16,7 +16,7 @@ from localspec.drafters.draft_model import DraftModelDrafter, check_same_vocabul
 from localspec.errors import LocalspecError
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig
-from localspec.llama.heads import HeadContext, TargetStates, target_layers
+from localspec.llama.heads import WINDOW, HeadContext, TargetStates, target_layers
 from localspec.sampling import SamplingConfig
 from localspec.verify import DraftTree
 
@@ -76,7 +76,7 @@ class HeadDrafter(DraftModelDrafter):
     """Drafts with a drafter llama.cpp runs on the target's hidden states; each drafted token
     is decoded with the state of the row it was drafted from."""
 
-    feature_window = 128  # prompt positions whose states seed the drafter's cache
+    feature_window = WINDOW  # prompt positions whose states seed the drafter's cache
 
     def __init__(self, name: str, ctx: HeadContext, states: TargetStates, target: Model, width: int = 1,
                  branch: int = 2):

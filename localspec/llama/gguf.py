@@ -144,11 +144,11 @@ def _read(r: _Reader) -> Header:
     return Header(version, metadata, tensors, -(-r.pos // alignment) * alignment)
 
 
-def mtp_layers(path: Path) -> int:
-    """How many MTP layers (next-token prediction heads) a model's GGUF carries (0 when it
-    cannot be read: loading it says why)."""
+def mtp_layers(path: Path | dict) -> int:
+    """How many MTP layers (next-token prediction heads) a model's GGUF carries, from its path
+    or its header's metadata (0 when it cannot be read: loading it says why)."""
     try:
-        meta = read_header(path).metadata
+        meta = path if isinstance(path, dict) else read_header(path).metadata
     except (ValueError, OSError, struct.error, UnicodeDecodeError):
         return 0
     return int(meta.get(f"{meta.get('general.architecture')}.nextn_predict_layers", 0) or 0)

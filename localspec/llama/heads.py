@@ -22,6 +22,7 @@ from localspec.llama.context import Context, ContextConfig, check_status, common
 from localspec.llama.model import Model
 
 _c = ctypes
+WINDOW = 128  # positions of target states kept: where a drafter that fell behind starts afresh
 
 
 def _bind(name: str, mangled: str, argtypes: list, restype):
@@ -121,7 +122,10 @@ class HeadContext(Context):
     def commit(self, first_pos: int, tokens: Sequence[int], states: np.ndarray) -> None:
         """The target's states of positions first_pos... (of `tokens`, the target's context
         from position 0); what was known of later positions is stale."""
-        for p in [p for p in self.states if p >= first_pos]:
+        # Stale ones, and those past the window a fresh start reads: a drafter that sits
+        # unused keeps WINDOW states, not one per token generated.
+        end = first_pos + len(states)
+        for p in [p for p in self.states if p >= first_pos or p < end - WINDOW]:
             del self.states[p]
         for i, state in enumerate(states):
             self.states[first_pos + i] = state
@@ -135,19 +139,9 @@ class HeadContext(Context):
         decode those it lacks, the last at least, from the first position whose states are all
         known if they are not; returns the batch row of the last."""
         n = len(tokens)
-        first = n - 1  # the first position from which every pair's state is known
-        while first > 1 and first - 2 in self.states:
-            first -= 1
-        if first - 1 not in self.states:
+        if n - 2 not in self.states:
             raise LocalspecError("no target state for the drafter's root")
-        keep = min(common_prefix(self.tokens, tokens), n - 1)  # pairs held that still hold
-        if keep < first:  # pairs from there lack their states: start afresh where they are known
-            self._seq_rm(-1, 0, -1)
-            self.tokens = list(tokens[:first])  # those before it, held by no one, never attended
-            begin = first
-        else:
-            self.truncate(keep)
-            begin = keep
+        begin = self._resume(tokens, n, lag=1, redo_last=True)
         states = np.stack([self.states[p - 1] for p in range(begin, n)])
         if self.encode:
             states = self._encode(states)
@@ -158,9 +152,23 @@ class HeadContext(Context):
             self.decode_pairs(chunk, states[start - begin:end - begin], range(start, end),
                               [[0]] * len(chunk), outputs=[False] * (len(chunk) - 1) + [True])
             self.tokens.extend(chunk)
-        for p in [p for p in self.states if p < n - 2]:  # never read again in this context
-            del self.states[p]
         return self._last_row
+
+    def _resume(self, tokens: Sequence[int], end: int, lag: int, redo_last: bool) -> int:
+        """Where to decode from for the KV to hold positions up to `end` of `tokens`, position
+        p decoded with the target's state of p - lag: past what it holds that still matches
+        (but the last, `redo_last`: its row is wanted), or, where the states from there are
+        not all known, afresh from the first position from which they are."""
+        first = end
+        while first > lag and first - 1 - lag in self.states:
+            first -= 1
+        keep = min(common_prefix(self.tokens, tokens), end - 1 if redo_last else end)
+        if keep < first:
+            self._seq_rm(-1, 0, -1)
+            self.tokens = list(tokens[:first])  # those before it, held by no one, never attended
+            return first
+        self.truncate(keep)
+        return keep
 
     def append(self, token: int) -> None:
         """Decode one drafted token at the end of sequence 0, with the state of the row it was
@@ -203,15 +211,7 @@ class HeadContext(Context):
         last (the root), each decoded as an embedding alone at its position (llama.cpp's
         DFlash graph writes them to the KV as they are, no attention, no logits)."""
         n = len(tokens) - 1  # positions 0 .. n - 1 have states
-        first = n
-        while first > 0 and first - 1 in self.states:
-            first -= 1
-        keep = min(common_prefix(self.tokens, tokens), n)
-        if keep < first:  # a gap in what is known: afresh from the first position known
-            self._seq_rm(-1, 0, -1)
-            self.tokens = list(tokens[:first])
-            keep = first
-        self.truncate(keep)
+        keep = self._resume(tokens, n, lag=0, redo_last=False)
         b = self._batch
         position = (ll.llama_pos * 4)()
         for start in range(keep, n, self.config.n_ubatch):
@@ -227,8 +227,6 @@ class HeadContext(Context):
                 ll.llama_batch_ext_set_pos(b, idx, position)
             check_status(ll.llama_process(self.ptr, ll.LLAMA_PROCESS_TYPE_DECODE, b), len(rows))
             self.tokens.extend(tokens[start:start + len(rows)])
-        for p in [p for p in self.states if p < n - 1]:  # never read again in this context
-            del self.states[p]
 
     def _encode(self, features: np.ndarray) -> np.ndarray:
         """EAGLE-3's fc layer over the target's features: its own states, a row each."""
