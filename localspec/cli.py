@@ -61,10 +61,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="batch sizes verification pads to, so llama.cpp (and CUDA) reuse a graph: "
                         "auto (the default: on a GPU, powers of two that the cost curve finds "
                         "worth a shape of their own; none on the CPU), off, or sizes (1,2,4,8,16)")
-    p.add_argument("--sample-on", "--argmax", dest="sample_on", choices=["device", "host"], default="device",
-                   help="where acceptance reads each verified row: inside the target's graph (device, "
-                        "the default: greedy's argmax, a token id, or top-k's candidates come back; "
-                        "full rows where penalties or top-k 0 need them) or its full logits on the host")
+    p.add_argument("--sample-on", "--argmax", dest="sample_on", choices=["auto", "device", "host"], default="auto",
+                   help="where acceptance reads each verified row: inside the target's graph (device: "
+                        "greedy's argmax, a token id, or top-k's candidates come back; full rows where "
+                        "penalties or top-k 0 need them) or its full logits on the host; auto (the "
+                        "default): device where the output layer is offloaded, host on the CPU")
     p.add_argument("--curve", metavar="FILE", default="",
                    help="plan drafts with this cost curve (JSON as `localspec cost` caches it, "
                         "another machine's say) instead of this machine's")
@@ -121,7 +122,7 @@ def engine_config(a: argparse.Namespace, drafters: list[DrafterSpec]):
     default = next((d for d in drafters if d.kind == "auto"), drafters[0])
     return EngineConfig(a.model, a.ctx, a.threads, a.gpu_layers, a.flash_attn, strict=a.strict,
                         flat_cost=a.flat_cost, curve=a.curve, drafter=default,
-                        sample_on_device=a.sample_on == "device", shapes=a.shapes,
+                        sample_on_device={"auto": None, "device": True, "host": False}[a.sample_on], shapes=a.shapes,
                         features=any(d.uses_features for d in drafters) or None, rpc=a.rpc)
 
 

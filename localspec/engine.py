@@ -73,8 +73,10 @@ class EngineConfig:
     store: StoreSetting = StoreSetting()
     # Requests take what acceptance needs of each row from a sampler inside the target's graph
     # (greedy its argmax, top-k its candidates; loop.device_sampling), not the row's full
-    # logits, on every backend that can (False: full rows on the host).
-    sample_on_device: bool = True
+    # logits (False: full rows on the host). None: where the output layer is offloaded, which
+    # spares copying rows off the device; on the CPU the graph's sampler costs more than it
+    # spares (it pads the logits, a slow copy: 0.9% of a 1.5B's step, docs/benchmarks.md).
+    sample_on_device: bool | None = None
     # The sizes verification batches are padded up to (ContextConfig.shapes). None: where the
     # target's layers are offloaded (a GPU or RPC), powers of two, less those that cost about
     # what the next does on the cost curve; on the CPU none (a padded row costs as much there
@@ -232,16 +234,19 @@ class Engine:
         load = functools.partial(load_model, cfg, self.progress, self.loads)
         self.model = load(path, repack=not cfg.strict, rpc=cfg.rpc, mtp=loads_mtp(cfg.drafter, path))
         features = needs_features(cfg.drafter, cfg.features, bool(cfg.rpc), path)  # decided once
+        offloaded = self.model.n_gpu_layers > 0 and (bool(cfg.rpc) or bool(gpus()))
         shapes = cfg.shapes
         if shapes is None:
-            offloaded = self.model.n_gpu_layers > 0 and (bool(cfg.rpc) or bool(gpus()))
             shapes = POWERS_OF_TWO if offloaded and not cfg.strict else ()
+        on_device = cfg.sample_on_device
+        if on_device is None:  # llama.cpp counts the output layer as layer n_layer
+            on_device = offloaded and self.model.n_gpu_layers > self.model.n_layer
         # A recurrent state (Model.recurrent) is kept per sequence and per rollback step: such a
         # target verifies chains, in one sequence, rolled back by what they reject.
         recurrent = self.model.recurrent
         config = ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads, flash_attn=cfg.flash_attn,
                                n_seq_max=1 if recurrent else cfg.n_seq_max, kv_type="bf16" if cfg.strict else "f16",
-                               embeddings=features, sample_on_device=cfg.sample_on_device,
+                               embeddings=features, sample_on_device=on_device,
                                shapes=() if recurrent else shapes,
                                # what rollback costs plain decoding: docs/benchmarks.md#hybrid-targets
                                rollback=cfg.rollback if recurrent and cfg.drafter.kind != "none" else 0)

