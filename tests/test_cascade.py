@@ -123,6 +123,20 @@ def test_a_near_miss_is_tried_again_next_phase():
 
 
 @pytest.mark.unit
+def test_a_near_miss_climbs_to_the_k_that_pays_and_a_rising_climb_goes_on():
+    """Where the starting K nearly pays (0.97) and a longer draft does (1.1 at K = 2), the
+    climb goes up rather than switching speculation off: a small gain (chat, HumanEval) is
+    kept. A climb that keeps rising goes past max_trials, so a cold start reaches K = 6 in
+    its second test phase rather than its fourth."""
+    cascade = Cascade(["lookup", "draft"], predict_k=lambda d: 1)
+    simulate(cascade, lambda arm, i: (peaked(2, 1.1) if arm[0] == "lookup" else peaked(1, 0.7))(arm[1]), 200)
+    assert set_phases(cascade)[0][0] == ("lookup", 2)
+    cascade = Cascade(["lookup", "draft"], predict_k=lambda d: 1)
+    simulate(cascade, lambda arm, i: (peaked(6, 2.0) if arm[0] == "lookup" else peaked(2, 1.4))(arm[1]), 100)
+    assert [arm for arm, _ in set_phases(cascade)][:2] == [("draft", 2), ("lookup", 6)]
+
+
+@pytest.mark.unit
 def test_a_watched_drafter_ends_a_plain_set_phase_once_it_would_pay():
     """Prompt lookup drafts for free, so while plain decoding runs its proposals are checked
     against what plain decoding emits; once they would clearly pay, the plain set phase ends

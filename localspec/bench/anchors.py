@@ -70,6 +70,12 @@ SERVER_CONFIGS = {
 # Its n-gram speculation only (no draft model): what the suffix drafter is measured against.
 NGRAM_CONFIGS = ["llama-server plain", "llama-server ngram-simple", "llama-server ngram-mod",
                  "llama-server ngram-cache"]
+SERVER_GROUPS = {"llama-server": list(SERVER_CONFIGS), "llama-server-ngram": NGRAM_CONFIGS}
+
+
+def one_config(anchor: str) -> str:
+    """`llama-server-ngram-mod` names the configuration `llama-server ngram-mod`."""
+    return anchor.replace("llama-server-", "llama-server ", 1)
 
 
 def write_ngram_cache(docs: list[list[int]], path: Path, n_min: int = 1, n_max: int = 4) -> None:
@@ -172,16 +178,14 @@ def make_anchors(names: list[str], model_path: Path, draft_path: Path | None, n_
     for name in names:
         if name == "llama-cpp-python":
             anchors.append(PromptLookupAnchor(model_path, n_ctx, threads))
-        elif name in ("llama-server", "llama-server-ngram", "llama-server-plain"):
-            chosen = {"llama-server": SERVER_CONFIGS, "llama-server-ngram": NGRAM_CONFIGS,
-                      "llama-server-plain": ["llama-server plain"]}[name]
-            for n in chosen:
+        elif name in SERVER_GROUPS or one_config(name) in SERVER_CONFIGS:
+            for n in SERVER_GROUPS.get(name, [one_config(name)]):
                 extra = SERVER_CONFIGS[n]
                 if n == "llama-server ngram-cache" and lookup_cache is not None:
                     extra = extra + ["-lcd", str(lookup_cache)]
                 anchors.append(ServerAnchor(n, model_path, draft_path, n_ctx, threads, extra, rpc,
                                             n_gpu_layers))
         else:
-            raise LocalspecError(f"unknown anchor '{name}' (llama-cpp-python, llama-server, llama-server-ngram, "
-                                 "llama-server-plain)")
+            raise LocalspecError(f"unknown anchor '{name}' (llama-cpp-python, llama-server, llama-server-ngram, or "
+                                 "one configuration: llama-server-plain, llama-server-ngram-mod, ...)")
     return anchors

@@ -17,8 +17,9 @@ text that stops repeating is followed within a few iterations.
 
 Beyond the paper: the arms span several drafters. A test phase first tries each drafter at
 its starting K (the K of its best recent utility, else what the cost curve predicts from its
-acceptance), then hill-climbs K on the best one not yet at a known maximum; what was measured
-carries over, so the climb goes on across test phases. A drafter whose trials stay clearly
+acceptance), then hill-climbs K on the best one not yet at a known maximum (of those near the best arm),
+up from a K that nearly pays too, and past `max_trials` while each step gains; what was
+measured carries over, so the climb goes on across test phases. A drafter whose trials stay clearly
 below 1 (by more than `converge`) sits out 1, 3, 7, ... test phases (its own back-off), and
 a drafter for which the cost curve predicts no paying K (predict_k = 0: its drafting and
 catching-up time outweigh what its acceptance can gain) loses without a trial until its
@@ -192,8 +193,12 @@ class Cascade:
         for d in candidates:
             arm = (d, self.k_start(d))
             tried[arm] = yield from self._trial(arm)
-        # Climb the best drafter that is not at a known maximum.
+        # Climb the best drafter that is not at a known maximum, of those within two steps of
+        # `converge` of the best arm: one further below would have to gain more than a step
+        # of K gives to overtake it.
         for arm in sorted(tried, key=tried.get, reverse=True):
+            if tried[arm] < (1.0 - 2 * cfg.converge) * max(tried.values()):
+                break
             if self._next_k(arm[0], tried) is not None:
                 yield from self._climb(arm[0], tried)
                 break
@@ -238,27 +243,32 @@ class Cascade:
     def _climb(self, d: str, tried: dict[Arm, float]) -> Generator[Arm, tuple, None]:
         """Hill-climb K for drafter d with the trials left, stepping from its best K so far to
         a neighbour not known to be worse (see _next_k); stop when none is left, utility fell
-        twice in a row, or a step changed it by less than `converge`."""
-        falls = 0
-        while len(tried) < self.cfg.max_trials and (k := self._next_k(d, tried)) is not None:
+        twice in a row, or a step changed it by less than `converge`. A step that raised it
+        by more than that earns another trial beyond `max_trials` (up to twice as many): it
+        beat every arm this phase, and the next may too."""
+        falls, rising = 0, False
+        while (len(tried) < self.cfg.max_trials or rising and len(tried) < 2 * self.cfg.max_trials) \
+                and (k := self._next_k(d, tried)) is not None:
             best = max(self.memory[d].utility.values())
             u = tried[(d, k)] = yield from self._trial((d, k))
             if abs(u - best) <= self.cfg.converge * max(u, best):
                 return
+            rising = u > best
             falls = falls + 1 if u < best else 0
             if falls == 2:
                 return
 
     def _next_k(self, d: str, tried: dict[Arm, float] | None = None) -> int | None:
         """The neighbour of d's best K worth a trial: up first while its utility is at least
-        1, only down below 1 (so K = 1 below 1 ends the search: speculation off); never one
+        1 or within `converge` below it (a longer draft may pay where this one nearly did),
+        else only down (so K = 1 clearly below 1 ends the search: speculation off); never one
         measured worse than the best, nor one tried this phase. None: a known maximum."""
         ladder, mem = self.cfg.ladder, self.memory[d].utility
         if not mem:
             return None
         k = max(mem, key=mem.get)
         u, i = mem[k], ladder.index(k)
-        for j in ((i + 1, i - 1) if u >= 1.0 else (i - 1,)):
+        for j in ((i + 1, i - 1) if u >= 1.0 - self.cfg.converge else (i - 1,)):
             if 0 <= j < len(ladder) and (d, ladder[j]) not in (tried or {}) \
                     and not mem.get(ladder[j], float("inf")) < u:
                 return ladder[j]
