@@ -24,13 +24,15 @@ from localspec.train.acceptance_net import AcceptanceNet, head_inputs
 
 from localspec.llama import Context
 from localspec.llama.context import ContextConfig
+from localspec.llama.gguf import read_header
+from pathlib import Path
 from gguf_files import rewrite
-from test_speculative import GREEDY, PROMPTS, speculative
+from test_speculative import GREEDY, N_TOKENS, PROMPTS, speculative
 
 
 def truncated(src, dst, n_layers: int):
     """A copy of a GGUF model keeping its first n_layers blocks: same tokenizer, weaker."""
-    arch = gguf.GGUFReader(str(src)).get_field("general.architecture").contents()
+    arch = read_header(Path(src)).metadata["general.architecture"]
     return rewrite(src, dst, {f"{arch}.block_count": (n_layers, gguf.GGUFValueType.UINT32)},
                    lambda name: not (name.startswith("blk.") and int(name.split(".")[1]) >= n_layers))
 
@@ -109,7 +111,7 @@ def test_drafting_with_the_head_is_greedy_identical_and_cuts_by_the_rule(trained
         for p in PROMPTS[:6]:
             target.clear()
             out = [t for it in run(target, Fixed(drafter, budget, "head"), target.model.tokenize(p),
-                                   GREEDY, 128, stats) for t in it.tokens]
+                                   GREEDY, N_TOKENS, stats) for t in it.tokens]
             assert out == reference[p], p
     assert all(cut) and stats.draft_n_accepted > 50
     # Lengths adapt to the context (not one fixed K), within K_max = 8.

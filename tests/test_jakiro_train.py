@@ -170,7 +170,7 @@ def tiny_run(small_path, tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny-jakiro")
     out = root / "run"
     assert main(["train", "jakiro", "--target", str(small_path), "--out", str(out),
-                 "--max-tokens", "8000", "--seq-len", "256", "--epochs", "4", "--lr", "2e-3",
+                 "--max-tokens", "6000", "--seq-len", "256", "--epochs", "6", "--lr", "2e-3",
                  "--draft-vocab", "4000", "--threads", "2"]) == 0
     gguf = root / "smol-jakiro.gguf"
     assert main(["convert", str(out / "checkpoint.pt"), str(gguf), "--type", "q8_0"]) == 0
@@ -196,7 +196,7 @@ def test_train_a_tiny_drafter_from_scratch_then_convert_and_inspect(tiny_run, ca
 
 
 def test_jakiro_greedy_identical_to_plain(tiny_run, small_model, reference):
-    """5 of the 20 prompts × 128 tokens, target on one thread (batches reproduce single
+    """3 of the 20 prompts × N_TOKENS (96), target on one thread (batches reproduce single
     tokens bit for bit there, see test_speculative), the drafter's trees verified under a flat
     cost curve (so it drafts all it can) cut at 5 nodes to keep the test's time down; against
     the session's plain outputs (a context without hidden states: they change no logit)."""
@@ -204,7 +204,7 @@ def test_jakiro_greedy_identical_to_plain(tiny_run, small_model, reference):
     with Context(small_model, ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, embeddings=True)) as ctx:
         drafter = JakiroDrafter(JakiroRuntime(gguf, small_model, n_ctx=1024, n_threads=1))
         stats = Stats()
-        for p in PROMPTS[1::4]:
+        for p in PROMPTS[1::8]:
             tokens = small_model.tokenize(p)
             assert speculative(ctx, drafter, tokens, stats=stats, max_nodes=5) == reference[p], p
     assert stats.draft_n_accepted > 12 and stats.draft_n - stats.draft_n_accepted > 50, stats.summary()
@@ -219,7 +219,7 @@ def test_shipped_smollm2_drafter_decodes_like_plain(small_path, small_model):
     with Context(small_model, ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, embeddings=True)) as ctx:
         drafter = JakiroDrafter(JakiroRuntime(gguf, small_model, n_ctx=1024, n_threads=1))
         stats = Stats()
-        for p in PROMPTS[:3]:
+        for p in PROMPTS[:2]:
             tokens = small_model.tokenize(p)
             assert speculative(ctx, drafter, tokens, stats=stats, max_nodes=5) == plain(ctx, tokens), p
     assert stats.draft_n_accepted > 25, stats.summary()
@@ -248,7 +248,7 @@ def test_jakiro_sampling_keeps_the_targets_distribution(tiny_run, small_model):
         drafter = JakiroDrafter(JakiroRuntime(gguf, small_model, n_ctx=256, n_threads=2))
         counts: dict[int, list[int]] = {}
         stats = Stats()
-        for seed in range(100):
+        for seed in range(60):
             cfg = SamplingConfig(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0, seed=seed)
             # -1: the text ended before
             a = (plain(ctx, prompt, 6, cfg) + [-1] * 6)[5]
@@ -258,6 +258,9 @@ def test_jakiro_sampling_keeps_the_targets_distribution(tiny_run, small_model):
     # The tiny drafter is weak (about 1% of its nodes accepted at T = 1 here), so only some
     # runs go through an acceptance: this checks the plumbing end to end, not the rule.
     assert stats.draft_n_accepted > 10, stats.summary()
-    table = np.array([c for c in counts.values() if sum(c) >= 5]).T
+    # Tokens seen fewer than 5 times pooled into one column, as a chi-square test needs.
+    frequent = [c for c in counts.values() if sum(c) >= 5]
+    rest = np.sum([c for c in counts.values() if sum(c) < 5] or [[0, 0]], axis=0)
+    table = np.array(frequent + ([list(rest)] if rest.sum() >= 5 else [])).T
     assert table.shape[1] >= 3
     assert chi2_contingency(table).pvalue > 0.001, counts

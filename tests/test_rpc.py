@@ -26,7 +26,7 @@ from localspec.cli import main
 from localspec.errors import LocalspecError
 from localspec.llama import rpc
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three colors:\n1."]
+PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 LOCALSPEC = [sys.executable, "-m", "localspec.cli"]
 
 # Greedy answers to PROMPTS, printed as JSON: plain, lookup and Jakiro, over `rpc` if given;

@@ -310,7 +310,7 @@ def test_fuzzing_from_the_schema_finds_no_5xx(smol):
 
     schema = schemathesis.openapi.from_url(smol[0] + "/openapi.json")
     failures = []
-    deadline = time.monotonic() + 20  # of the suite's 25 minutes on two cores
+    deadline = time.monotonic() + 14  # of the suite's 25 minutes on two cores
     for op in schema.get_all_operations():
         if time.monotonic() > deadline:
             break
@@ -333,7 +333,7 @@ def test_fuzzing_from_the_schema_finds_no_5xx(smol):
     assert httpx.get(smol[0] + "/health").status_code == 200
 
 
-def test_memory_stays_flat_over_two_hundred_requests(smol):
+def test_memory_stays_flat_over_a_hundred_and_forty_requests(smol):
     url, proc = smol
     rng = random.Random(1)
 
@@ -342,7 +342,7 @@ def test_memory_stays_flat_over_two_hundred_requests(smol):
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     sizes = []
     with httpx.Client(base_url=url, timeout=120) as client:
-        for i in range(200):
+        for i in range(140):
             kind = rng.choice(["completion", "chat", "tokenize"])
             common = {"temperature": rng.choice([0, 0.7, 1.2]), "seed": rng.randrange(1 << 30),
                       "top_k": rng.choice([0, 20, 40])}
@@ -357,6 +357,6 @@ def test_memory_stays_flat_over_two_hundred_requests(smol):
             else:
                 r = client.post("/tokenize", json={"content": "hello " * rng.randrange(1, 50)})
             assert r.status_code == 200, r.text
-            if i in (99, 199):  # warmed up, then 100 requests later
+            if i in (69, 139):  # warmed up, then 70 requests later
                 sizes.append(rss())
     assert sizes[1] <= sizes[0] * 1.05, sizes

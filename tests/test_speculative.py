@@ -28,7 +28,7 @@ from localspec.sampling import SamplingConfig, TokenSampler
 from localspec.verify import DraftTree, accept, launch, verify_tree
 
 GREEDY = SamplingConfig(temperature=0)
-N_TOKENS = 128
+N_TOKENS = 96
 
 # 20 prompts: code that repeats itself (lookup's home ground), prose, lists, chat-like text.
 PROMPTS = [
@@ -112,7 +112,7 @@ def test_argmax_on_device_greedy_identical_to_plain(small_model, reference):
     stats = Stats()
     config = ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, sample_on_device=True)
     with Context(small_model, config) as ctx:
-        for p in PROMPTS[::4]:
+        for p in PROMPTS[::8]:
             prompt = small_model.tokenize(p)
             assert plain(ctx, prompt) == reference[p], p
             assert speculative(ctx, LookupDrafter(), prompt, stats=stats) == reference[p], p
@@ -166,7 +166,7 @@ def test_top_k_on_the_device_samples_what_the_host_samples(small_model, capfd):
     for on_device in (False, True):
         config = ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, sample_on_device=on_device)
         with Context(small_model, config) as ctx:
-            for p in PROMPTS[:6:2]:
+            for p in PROMPTS[:4:2]:
                 prompt = small_model.tokenize(p)
                 outputs[on_device, "plain", p] = plain(ctx, prompt, 64, sampling)
                 outputs[on_device, "lookup", p] = speculative(ctx, LookupDrafter(), prompt, 64, sampling,
@@ -193,7 +193,7 @@ def test_padded_batches_change_nothing_but_their_shape(small_model, reference):
     shape costs more than staying), its no-draft steps too."""
     stats = Stats()
     pad_seq = 8
-    for on_device, prompts in ((False, PROMPTS[1:6:3]), (True, PROMPTS[2:7:3])):
+    for on_device, prompts in ((False, PROMPTS[1:2]), (True, PROMPTS[2:3])):
         config = ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, sample_on_device=on_device, shapes=(1, 4, 16))
         with Context(small_model, config) as ctx:
             ctx.pad_rule = (lambda n, n_context: max(n, 16)) if on_device else None
@@ -207,7 +207,8 @@ def test_padded_batches_change_nothing_but_their_shape(small_model, reference):
             for p in prompts:
                 out = speculative(ctx, LookupDrafter(), small_model.tokenize(p), stats=stats)
                 assert out == reference[p], (p, on_device)
-                assert ctx.shape >= 16 if on_device else ctx.shape in config.shapes
+                # the last forward: padded too, unless the answer left no room to draft (plain)
+                assert ctx.shape == 1 or ctx.shape >= 16 if on_device else ctx.shape in config.shapes
                 assert ctx.seq_pos_max(0) == len(ctx.tokens) - 1
                 assert all(ctx.seq_pos_max(s) == ctx.seq_pos_max(0) for s in range(1, pad_seq))
                 assert ctx.seq_pos_max(pad_seq) == -1
@@ -355,7 +356,7 @@ def test_qwen_greedy_differs_only_at_measured_ties_and_strict_is_identical(qwen_
                 assert engine.exactness()[1] >= 2, "no batch reproduces single tokens here"
             else:
                 assert engine.exactness()[0] > 0
-            for prompt in PROMPTS[:1 if strict else 2]:  # the 0.5B is the suite's slowest model
+            for prompt in PROMPTS[:1]:  # the 0.5B is the suite's slowest model
                 tokens = engine.model.tokenize(prompt)
                 ref, _ = run_ours(engine, tokens, NONE, 64, GREEDY)
                 for drafter in ("lookup", "suffix"):

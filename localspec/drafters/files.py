@@ -11,6 +11,7 @@ from gguf import GGUFReader
 
 from localspec.drafters.jakiro_config import JakiroConfig
 from localspec.errors import LocalspecError
+from localspec.llama.gguf import read_header
 
 ARCH = "jakiro"
 META = [  # (config field, GGUF key suffix, type)
@@ -77,8 +78,15 @@ def config_of(reader: GGUFReader, path: Path) -> JakiroConfig:
 
 
 def is_jakiro(path: Path) -> bool:
-    """Whether a GGUF is a Jakiro drafter (else, say, a draft model llama.cpp loads)."""
-    return _value(open_gguf(path), path, "general.architecture", str) == ARCH
+    """Whether a GGUF is a Jakiro drafter (else, say, a draft model llama.cpp loads). Reads
+    the header alone: the gguf package's reader parses a whole model's tokenizer (seconds)."""
+    path = Path(path)
+    if not path.exists():
+        raise LocalspecError(f"file not found: {path}")
+    try:
+        return read_header(path).metadata.get("general.architecture") == ARCH
+    except (OSError, ValueError) as e:
+        raise LocalspecError(f"not a readable GGUF file: {path} ({e})") from None
 
 
 def read_config(path: Path) -> JakiroConfig:
