@@ -196,8 +196,9 @@ class Cascade:
         # Climb the best drafter that is not at a known maximum, of those within two steps of
         # `converge` of the best arm: one further below would have to gain more than a step
         # of K gives to overtake it.
+        near = (1.0 - 2 * cfg.converge) * max(tried.values(), default=0.0)
         for arm in sorted(tried, key=tried.get, reverse=True):
-            if tried[arm] < (1.0 - 2 * cfg.converge) * max(tried.values()):
+            if tried[arm] < near:
                 break
             if self._next_k(arm[0], tried) is not None:
                 yield from self._climb(arm[0], tried)
