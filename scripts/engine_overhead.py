@@ -26,7 +26,6 @@ import subprocess
 import time
 
 import httpx
-import numpy as np
 from measure import start_server
 
 from localspec import store
@@ -34,6 +33,10 @@ from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig, read_row
 from localspec.loop import Stats, generate
 from localspec.sampling import SamplingConfig
+# numpy after localspec.llama: on the H200 machine (numpy 2 with scipy-openblas 0.3.34, llama.cpp
+# built there) a process that loaded numpy's libraries before llama.cpp's segfaulted in every
+# model load, on the GPU or the CPU (2026-11-28); the CLI loads llama.cpp first.
+import numpy as np  # noqa: E402
 
 
 def llama_bench_tps(bench: str, path: str, n: int, threads: int, fa: str, depth: int) -> float:

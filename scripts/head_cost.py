@@ -16,11 +16,14 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig
 from localspec.llama.heads import HeadContext, target_layers
+# numpy after localspec.llama: on the H200 machine (numpy 2 with scipy-openblas 0.3.34, llama.cpp
+# built there) a process that loaded numpy's libraries before llama.cpp's segfaulted in every
+# model load, on the GPU or the CPU (2026-11-28); the CLI loads llama.cpp first.
+import numpy as np  # noqa: E402
 
 
 def timed(f) -> float:

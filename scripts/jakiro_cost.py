@@ -13,7 +13,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 from localspec import store
 from localspec.convert import write_gguf
@@ -24,6 +23,10 @@ from localspec.llama.context import ContextConfig
 from localspec.llama.measure import cost_curve
 from localspec.llama.placement import layers_that_fit
 from localspec.train.target_weights import TargetWeights
+# numpy after localspec.llama: on the H200 machine (numpy 2 with scipy-openblas 0.3.34, llama.cpp
+# built there) a process that loaded numpy's libraries before llama.cpp's segfaulted in every
+# model load, on the GPU or the CPU (2026-11-28); the CLI loads llama.cpp first.
+import numpy as np  # noqa: E402
 
 
 def random_drafter(model: Model, weights: TargetWeights, vocab: int, path: Path) -> None:
@@ -64,8 +67,7 @@ def main() -> None:
     a = ap.parse_args()
     want = lambda part: a.only in (None, part)  # noqa: E731
     path = store.resolve(a.model)
-    # On the GPUs where it fits, as the engine loads it (a CUDA build segfaulted loading this
-    # 7B on the CPU alone, with repacked weights: H200, 2026-11-27).
+    # On the GPUs where it fits, as the engine loads it: Jakiro's step runs on the target's device.
     model = Model(path, layers_that_fit(path, 1024))
     weights = TargetWeights(path)
     with Context(model, ContextConfig(n_ctx=1024, n_threads=a.threads)) as ctx:
