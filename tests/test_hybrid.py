@@ -182,3 +182,48 @@ def test_sampling_on_a_recurrent_target_keeps_its_distribution(engine):
     table = np.array([c for c in counts.values() if sum(c) >= 5]).T
     assert table.shape[1] >= 3
     assert chi2_contingency(table).pvalue > 0.001, counts
+
+
+def test_a_chat_on_a_hybrid_target_stops_and_answers_as_a_cold_start(tmp_path, small_path):
+    """`localspec chat` on a qwen35 under Textual's pilot, auto speculating (its state rolled
+    back): an answer is a cold plain engine's; Esc stops the next with its forward in flight;
+    the turn after it, decoded from the recurrent state the prompt cache saved, is again a cold
+    start's answer to the whole conversation. Strict and one thread: byte for byte."""
+    import asyncio
+
+    from conftest import RECORDED_CURVE
+    from test_chat import Recording, ready, say, until
+    from tui.app import ChatConfig
+
+    path = make("qwen35", "tiny", tmp_path / "qwen35.gguf", tokenizer=small_path)
+    settings = dict(model=str(path), n_ctx=4096, threads=1, strict=True, curve=str(RECORDED_CURVE))
+
+    def cold(messages, max_tokens):
+        e = Engine(EngineConfig(**settings, drafter=NONE))
+        try:
+            *_, done = e.generate(Request(messages=messages, sampling=GREEDY, max_tokens=max_tokens))
+            return done.text
+        finally:
+            e.close()
+
+    async def go():
+        # Long answers (a random model rarely ends one; this one writes 1,500 tokens a second),
+        # so Esc, pressed once the second shows text, lands while it is being written.
+        app = Recording(ChatConfig(EngineConfig(**settings), db=tmp_path / "chats.db", max_tokens=1500))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await ready(pilot)
+            await say(pilot, "def add(a, b):")
+            app.query_one("#prompt").insert("Tell me a long story.")
+            await pilot.press("enter")
+            await until(pilot, lambda: app.answer is not None and app.answer.text != "")
+            await pilot.press("escape")
+            await until(pilot, lambda: app.answer is None)
+            await say(pilot, "Again.")
+            return app.store.messages(app.conversation.id)
+
+    saved = asyncio.run(go())
+    assert [m.role for m in saved] == ["user", "assistant"] * 3
+    assert saved[3].stopped and 0 < saved[3].stats["predicted_n"] < 1500
+    history = lambda n: [{"role": m.role, "content": m.text} for m in saved[:n]]  # noqa: E731
+    assert saved[1].text == cold(history(1), 1500)
+    assert saved[5].text == cold(history(5), 1500)
