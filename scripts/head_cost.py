@@ -16,13 +16,10 @@ import statistics
 import time
 from pathlib import Path
 
-
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig
 from localspec.llama.heads import HeadContext, target_layers
-# numpy after localspec.llama: on the H200 machine (numpy 2 with scipy-openblas 0.3.34, llama.cpp
-# built there) a process that loaded numpy's libraries before llama.cpp's segfaulted in every
-# model load, on the GPU or the CPU (2026-11-28); the CLI loads llama.cpp first.
+# numpy after localspec.llama (scripts/README.md: numpy first made model loads crash)
 import numpy as np  # noqa: E402
 
 

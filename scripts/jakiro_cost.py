@@ -13,7 +13,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 from localspec import store
 from localspec.convert import write_gguf
 from localspec.drafters.jakiro import JakiroRuntime
@@ -23,9 +22,7 @@ from localspec.llama.context import ContextConfig
 from localspec.llama.measure import cost_curve
 from localspec.llama.placement import layers_that_fit
 from localspec.train.target_weights import TargetWeights
-# numpy after localspec.llama: on the H200 machine (numpy 2 with scipy-openblas 0.3.34, llama.cpp
-# built there) a process that loaded numpy's libraries before llama.cpp's segfaulted in every
-# model load, on the GPU or the CPU (2026-11-28); the CLI loads llama.cpp first.
+# numpy after localspec.llama (scripts/README.md: numpy first made model loads crash)
 import numpy as np  # noqa: E402
 
 

@@ -5,6 +5,7 @@ it claims, ends in one line naming it."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import numpy as np
 from gguf import GGUFReader
@@ -14,6 +15,7 @@ from localspec.errors import LocalspecError
 from localspec.llama.gguf import read_header
 
 ARCH = "jakiro"
+T = TypeVar("T")
 META = [  # (config field, GGUF key suffix, type)
     ("target_name", "target.name", str), ("target_vocab", "target.vocab_size", int),
     ("target_tokenizer", "target.tokenizer_hash", str), ("d_model", "embedding_length", int),
@@ -32,14 +34,19 @@ HEAD_META = [  # (checkpoint key, GGUF key suffix, type); strings from its "meta
 ]
 
 
-def open_gguf(path: Path) -> GGUFReader:
+def _readable(path: Path, read: Callable[[Path], T]) -> T:
+    """`read(path)`, or one LocalspecError line if the file is missing or not a GGUF it reads."""
     path = Path(path)
     if not path.exists():
         raise LocalspecError(f"file not found: {path}")
     try:
-        return GGUFReader(str(path))
-    except Exception as e:  # the gguf package raises plain ValueErrors on bad files
+        return read(path)
+    except Exception as e:  # the gguf package and read_header raise plain ValueErrors on bad files
         raise LocalspecError(f"not a readable GGUF file: {path} ({e})") from None
+
+
+def open_gguf(path: Path) -> GGUFReader:
+    return _readable(path, lambda p: GGUFReader(str(p)))
 
 
 def metadata(reader: GGUFReader, path: Path, arch: str, what: str, keys: list[tuple[str, str, type]]) -> dict:
@@ -80,13 +87,7 @@ def config_of(reader: GGUFReader, path: Path) -> JakiroConfig:
 def is_jakiro(path: Path) -> bool:
     """Whether a GGUF is a Jakiro drafter (else, say, a draft model llama.cpp loads). Reads
     the header alone: the gguf package's reader parses a whole model's tokenizer (seconds)."""
-    path = Path(path)
-    if not path.exists():
-        raise LocalspecError(f"file not found: {path}")
-    try:
-        return read_header(path).metadata.get("general.architecture") == ARCH
-    except (OSError, ValueError) as e:
-        raise LocalspecError(f"not a readable GGUF file: {path} ({e})") from None
+    return _readable(path, read_header).metadata.get("general.architecture") == ARCH
 
 
 def read_config(path: Path) -> JakiroConfig:
