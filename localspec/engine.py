@@ -20,7 +20,7 @@ from localspec import store
 from localspec.control.controllers import controller_for
 from localspec.drafters.base import DraftClock
 from localspec.drafters.loaded import Drafters, loads_mtp, needs_features
-from localspec.drafters.spec import AUTO, NONE, DrafterSpec
+from localspec.drafters.spec import AUTO, DrafterSpec
 from localspec.drafters.suffix import StoreSetting
 from localspec.errors import LocalspecError
 from localspec.llama import Model
@@ -242,7 +242,9 @@ class Engine:
         if on_device is None:  # llama.cpp counts the output layer as layer n_layer
             on_device = offloaded and self.model.n_gpu_layers > self.model.n_layer
         # A recurrent state (Model.recurrent) is kept per sequence and per rollback step: such a
-        # target verifies chains, in one sequence, rolled back by what they reject.
+        # target verifies chains, in one sequence, rolled back by what they reject (or, where
+        # its architecture cannot roll back, or --drafter none keeps no steps, undone from a
+        # checkpoint: recurrent.py).
         recurrent = self.model.recurrent
         config = ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads, flash_attn=cfg.flash_attn,
                                n_seq_max=1 if recurrent else cfg.n_seq_max, kv_type="bf16" if cfg.strict else "f16",
@@ -252,9 +254,6 @@ class Engine:
                                rollback=cfg.rollback if recurrent and cfg.drafter.kind != "none" else 0)
         self.slots = Slots(self.model, config, cfg.slots)
         self.ctx = self.slots.contexts[0]  # the slot the last request ran in
-        if recurrent and not self.ctx.rollback and cfg.drafter.kind == "auto":
-            notice(f"{self.model.architecture} keeps a recurrent state that this llama.cpp cannot roll "
-                   "back: localspec decodes it plainly")
         self.drafters = Drafters(self.model, features, cfg.n_ctx, cfg.threads, cfg.store, load, self.loads,
                                  draft_clock or DraftClock(), self.slots.contexts, notice)
         self._requests = RequestLock()
@@ -284,7 +283,7 @@ class Engine:
     def prepare(self, spec: DrafterSpec | None = None) -> None:
         """Load, build and measure what requests with `spec` (the engine's drafter by default)
         need, now rather than inside the first of them."""
-        spec = self.runnable(spec or self.cfg.drafter)
+        spec = spec or self.cfg.drafter
         with self._requests.turn():
             self.controller(spec)
             if spec.kind != "none":
@@ -296,21 +295,7 @@ class Engine:
     def ready(self, spec: DrafterSpec) -> bool:
         """Whether a request with `spec` runs on what is loaded and measured (prepare(spec)
         does the rest): a server refuses one that is not, rather than load inside it."""
-        spec = self.runnable(spec)
         return spec.kind == "none" or self.planning.measured and (spec in self._cascades or self.drafters.loaded(spec))
-
-    def runnable(self, spec: DrafterSpec) -> DrafterSpec:
-        """What a request with `spec` runs: `spec`, except on a target whose layers keep a
-        recurrent state, which llama.cpp cannot cut back to a rejected draft here: auto
-        decodes it plainly, and a drafter named is refused in one line."""
-        if not self.ctx.recurrent or self.ctx.rollback or spec.kind == "none":
-            return spec
-        if spec.kind == "auto":
-            return NONE
-        why = ("this engine was started with --drafter none" if self.cfg.drafter.kind == "none"
-               else "this llama.cpp cannot roll it back to a rejected draft")
-        raise LocalspecError(f"drafter {spec.label}: {self.model.architecture} keeps a recurrent state and {why}: "
-                             "it decodes plainly (--drafter none, or auto, which does)")
 
     def controller(self, spec: DrafterSpec) -> Controller:
         """What runs a request with this spec."""
@@ -349,7 +334,7 @@ class Engine:
         tokens = self.prompt_tokens(request)
         if not tokens or request.max_tokens < 1:
             raise LocalspecError("empty prompt" if not tokens else "max_tokens must be at least 1")
-        spec = self.runnable(request.drafter or self.cfg.drafter)
+        spec = request.drafter or self.cfg.drafter
         controller = self.controller(spec)
         plain = spec.kind == "none"  # needs no curve
         tie_bound, max_batch = (0.0, None) if plain else self.planning.strict_limits(request.sampling.temperature)

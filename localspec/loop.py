@@ -202,7 +202,7 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
         while flight is not None:
             verdict, forward, settled = land(ctx, flight, sampler, options, commit)
             emitted = verdict.tokens
-            pending = emitted[verdict.n_cached:len(verdict.path)] if not settled else []
+            pending = verdict.requeued + emitted[verdict.n_cached:len(verdict.path)] if not settled else []
             pending.append(emitted[-1])
             # the request may end inside what was emitted
             n_emitted = next((i + 1 for i, t in enumerate(emitted) if ends(ctx, options, t, n_out + i + 1,
@@ -269,14 +269,14 @@ def land(ctx: Context, flight: Flight, sampler: TokenSampler, options: RunOption
     if options.on_forward:  # in the shape it ran in (a GPU pads batches to a few)
         options.on_forward(ctx.shape, flight.n_past, verdict.seconds)
     if commit:  # the pending rows, then the accepted nodes the cache kept
-        commit(flight.n_past, list(range(flight.n_pending + verdict.n_cached)))
+        commit(flight.n_past, list(range(flight.n_pending - len(verdict.requeued) + verdict.n_cached)))
     if len(flight.tree):  # a proposal sized to nothing was not verified: nothing to observe
         flight.drafter.observe(flight.tree, verdict)
     sampler.extend(verdict.tokens)
     forward = verdict.seconds
     if verdict.unsettled:
         t_settle = time.perf_counter()
-        verdict.tokens.append(settle(ctx, sampler, verdict.tokens[verdict.n_cached:len(verdict.path)]))
+        verdict.tokens.append(settle(ctx, sampler, verdict.requeued + verdict.tokens[verdict.n_cached:len(verdict.path)]))
         forward += time.perf_counter() - t_settle
         sampler.extend(verdict.tokens[-1:])
     return verdict, forward, verdict.unsettled

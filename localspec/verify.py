@@ -10,6 +10,7 @@ import numpy as np
 
 from localspec import _native
 from localspec.errors import LocalspecError
+from localspec.llama import recurrent
 from localspec.llama.context import Context, check_status
 from localspec.sampling import TokenSampler
 
@@ -85,6 +86,9 @@ class Verdict:
     unsettled: bool     # strict mode: the next token is still to be drawn
     n_cached: int       # how many of the accepted tokens the KV cache kept (see verify_tree)
     seconds: float = 0.0  # the target's forward: in llama_decode and waiting for its outputs
+    # The batch's pending tokens, where the cache did not keep them either (a recurrent state
+    # undone from its checkpoint): they lead the next batch, before the accepted tokens.
+    requeued: list[int] = field(default_factory=list)
 
 
 class Launched(NamedTuple):
@@ -111,6 +115,8 @@ def launch(ctx: Context, tree: DraftTree, pending: list[int], all_pending_rows: 
     if n > ctx.config.n_batch:
         raise LocalspecError(f"batch of {n} tokens exceeds n_batch={ctx.config.n_batch}")
     ctx.check_room(n)
+    if ctx.checkpoints and len(tree):  # what accept undoes the batch to if it rejects a node
+        recurrent.checkpoint(ctx)
     pending = np.asarray(pending, np.int32)
     shape = ctx.padded(n, speculating)
     batch, status = _native.launch(ctx.ptr, len(ctx.tokens), pending, tree.tokens, tree.parents, all_pending_rows,
@@ -131,11 +137,20 @@ def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler, tie_bound: floa
     flash attention accumulates in cell order, so a token placed in the hole of a rejected
     node, before cells of earlier positions, would be computed slightly differently from
     plain decoding. Accepted nodes after the first hole are therefore dropped from the
-    cache and come back as `pending` in the next decode; the cache stays in position order."""
+    cache and come back as `pending` in the next decode; the cache stays in position order.
+
+    A recurrent state that cannot be rolled back (Context.checkpoints) keeps the whole batch
+    where every node is accepted; else the batch is undone to its checkpoint, and its pending
+    tokens and accepted path come back as the next batch's pending ones (`requeued`), which
+    costs rows in that batch rather than a forward of its own."""
     launched, ctx.inflight = ctx.inflight, None
+    keep_batch = ctx.checkpoints
     path, nxt, unsettled, n_cached, seconds, device_failed = _native.finish(
         ctx.ptr, launched.batch, tree.q_offsets, tree.q_ids, tree.q_probs, sampler.sampler, sampler.history,
-        sampler.rng, tie_bound, ctx.rows_from)
+        sampler.rng, tie_bound, ctx.rows_from, keep_batch)
+    rejected = keep_batch and (device_failed or len(path) < len(launched.tree))
+    if rejected and not recurrent.undo(ctx):  # no checkpoint (a plain step): decode it again
+        recurrent.restart(ctx, len(ctx.tokens))
     if device_failed:  # nothing was kept: the same batch again, read on the host
         ctx.off_device("a verification row")
         launch(ctx, launched.tree, launched.pending, launched.all_pending_rows, launched.speculating)
@@ -143,9 +158,12 @@ def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler, tie_bound: floa
         return replace(again, seconds=seconds + again.seconds)
     # (a plain step accepts nothing: numpy's indexing would cost more than its Python)
     accepted = launched.tree.tokens[path].tolist() if len(path) else []
+    emitted = accepted + ([nxt] if nxt >= 0 else [])
+    if rejected:
+        return Verdict(path, emitted, unsettled, 0, seconds, launched.pending.tolist())
     ctx.tokens.extend(launched.pending.tolist())
     ctx.tokens.extend(accepted[:n_cached])
-    return Verdict(path, accepted + ([nxt] if nxt >= 0 else []), unsettled, n_cached, seconds)
+    return Verdict(path, emitted, unsettled, n_cached, seconds)
 
 
 def verify_tree(ctx: Context, tree: DraftTree, pending: list[int], sampler: TokenSampler,

@@ -181,7 +181,8 @@ bool verify_greedy_on_device(llama_context * ctx, const draft_tree & tree, verif
 
 step_result finish(llama_context * ctx, const launched & b, const int32_t * q_offsets,
                    const int32_t * q_ids, const float * q_probs, sampler & smp, rng & r,
-                   const int32_t * history, int32_t n_history, float tie_bound, rows_from rows) {
+                   const int32_t * history, int32_t n_history, float tie_bound, rows_from rows,
+                   bool keep_batch) {
     step_result res;
     const auto t0 = clock_type::now();
     llama_synchronize(ctx);  // GPU and RPC backends return from llama_decode before they finish
@@ -220,7 +221,7 @@ step_result finish(llama_context * ctx, const launched & b, const int32_t * q_of
     if (!ok) {
         res.verdict = {};
         res.device_failed = true;
-        drop(mem, b);
+        if (!keep_batch) drop(mem, b);
         return res;
     }
 
@@ -228,6 +229,7 @@ step_result finish(llama_context * ctx, const launched & b, const int32_t * q_of
     // (see verify.py on why a token placed in a rejected node's hole would not be exact).
     const auto & path = res.verdict.path;
     while (res.n_cached < int32_t(path.size()) && path[res.n_cached] == res.n_cached) ++res.n_cached;
+    if (keep_batch) return res;
     // Every sequence holds the context and the pending tokens (launch): only the tree's
     // positions change. The other leaves' paths go, then `seq`'s past the cached nodes, and
     // the cached nodes join every sequence. Each call scans the cells once; no call touches

@@ -94,9 +94,12 @@ enum class rows_from : int32_t { host = 0, device_argmax = 1, device_top_k = 2 }
 // but padding's (which is emptied). Throws if a KV edit fails.
 // With a sampler on the device, the walk reads each row's token id or candidates instead; a row
 // without valid ones ends it with device_failed set and the batch dropped.
+// keep_batch: the cache is not edited at all (a recurrent state that cannot be rolled back,
+// which the caller restores from a checkpoint where something was rejected).
 step_result finish(llama_context * ctx, const launched & batch, const int32_t * q_offsets,
                    const int32_t * q_ids, const float * q_probs, sampler & smp, rng & r,
-                   const int32_t * history, int32_t n_history, float tie_bound, rows_from rows);
+                   const int32_t * history, int32_t n_history, float tie_bound, rows_from rows,
+                   bool keep_batch = false);
 
 // Wait for the batch and drop what it added: the cache is as it was before launch().
 void abandon(llama_context * ctx, const launched & batch);

@@ -265,9 +265,16 @@ def nextn(E):
                                                              "nextn.shared_head_norm")
 
 
+# What a block adds to the residual stream through (make's `quiet` scales them).
+OUTPUTS = ("attn_output", "ffn_down", "ssm_out", "shortconv.out_proj")
+QUIET = "quiet"
+
+
 def init(rng, kind, shape):
     """Values for a tensor of ggml `shape` (numpy's is reversed)."""
     np_shape = tuple(reversed(shape))
+    if isinstance(kind, tuple) and kind[0] == QUIET:  # W's values scaled
+        return rng.normal(0, 0.02 * kind[1], np_shape)
     if kind == W:
         return rng.normal(0, 0.02, np_shape)
     if kind == ROUTER:
@@ -382,7 +389,7 @@ def vocab_size(tokenizer: Path) -> int:
 
 
 def make(arch: str, size: str, out: Path, tokenizer: Path = DEFAULT_TOKENIZER, seed: int = 0,
-         mtp: bool = False, echo: bool = False, repeats: bool = False) -> Path:
+         mtp: bool = False, echo: bool = False, repeats: bool = False, quiet: float = 1.0) -> Path:
     """Write a random-weight `arch` model of `size` to `out`, with `tokenizer`'s vocabulary;
     `mtp`: with an MTP layer after its last, which (`echo`) predicts the token the target
     predicted last again; `repeats`: its output head is its token embeddings, so it mostly
@@ -396,6 +403,9 @@ def make(arch: str, size: str, out: Path, tokenizer: Path = DEFAULT_TOKENIZER, s
     vocab = vocab_size(tokenizer)
     kv = {"vocab_size": vocab, "context_length": 4096, "embedding_length": E,
           "block_count": len(pattern) + mtp, **kv, **({"nextn_predict_layers": 1} if mtp else {})}
+    if quiet != 1.0:
+        blocks = {k: [(n, shape, (QUIET, quiet) if n.startswith(OUTPUTS) and i == W else i) for n, shape, i in v]
+                  for k, v in blocks.items()}
     plan = [("token_embd.weight", (E, vocab), W), *blocks.pop("head", norm(E, "output_norm")),
             ("output.weight", (E, vocab), "token_embd.weight" if repeats else W)]
     for i, kind in enumerate(pattern):
@@ -505,6 +515,9 @@ def main() -> None:
     p.add_argument("--draft-vocab", type=int, help="a drafter with a head of its own over this many tokens")
     p.add_argument("--mask", type=int, default=0, help="dflash: its mask token's id")
     p.add_argument("--repeats", action="store_true", help="a model that mostly repeats a token")
+    p.add_argument("--quiet", type=float, default=1.0,
+                   help="scale what each block adds to the residual stream (with --repeats, below 1 "
+                        "makes a model whose text repeats itself)")
     p.add_argument("--echo", action="store_true",
                    help="the MTP layer or drafter predicts what the target's own head does")
     a = p.parse_args()
@@ -515,7 +528,7 @@ def main() -> None:
         more = {"mask": a.mask} if a.arch == "dflash" else {}
         DRAFTERS[a.arch](a.arch, a.out, a.target, a.seed, a.embd, a.echo, a.draft_vocab, **more)
     else:
-        make(a.arch, a.size, a.out, a.tokenizer, a.seed, a.mtp, a.echo, a.repeats)
+        make(a.arch, a.size, a.out, a.tokenizer, a.seed, a.mtp, a.echo, a.repeats, a.quiet)
     print(f"{a.out}: random {a.arch} {a.size}, {a.out.stat().st_size / 2**20:.1f} MiB "
           f"in {time.time() - t0:.2f} s")
 

@@ -3,9 +3,9 @@ and its MoE, Granite 4, Nemotron-H and its MoE, Falcon-H1, Jamba, Kimi-Linear; M
 RWKV-7 alone), as tiny random-weight GGUFs (random_gguf.py). llama.cpp cannot cut such a
 state back to an earlier position: the prompt cache and a cancelled request restore a saved
 state or decode what they keep again, and verification rolls the state back by what it
-rejects where llama.cpp can (n_rs_seq: Qwen3.5's, LFM2's, Nemotron-H's); elsewhere speculation is
-refused in one line and auto decodes plainly. What they answer must be what a cold start and
-plain decoding answer."""
+rejects where llama.cpp can (n_rs_seq: Qwen3.5's, LFM2's, Nemotron-H's); elsewhere a batch that
+rejects a node is undone from a checkpoint taken before it. What they answer must be what a
+cold start and plain decoding answer."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from localspec.drafters.base import Budget
 from localspec.drafters.spec import NONE
 from localspec.loop import RunOptions, Stats, run
 from localspec.engine import Done, Engine, EngineConfig, Request
-from localspec.errors import LocalspecError
 from localspec.sampling import SamplingConfig
 
 from random_gguf import make
@@ -79,26 +78,26 @@ def test_a_recurrent_target_answers_as_a_cold_start_after_any_cut(engine):
 
 
 def test_greedy_speculation_on_a_recurrent_target_is_plain_decodings(engine):
-    """Chains verified in one batch, the state rolled back by what was rejected: plain
-    decoding's output (or first different at a measured near-tie). The synthetic drafter
-    proposes plain decoding's own answer broken at drawn depths, so every rollback from one
-    token to all but the root happens; lookup, suffix and auto run as a user's would; then the
-    cache answers as a cold start does."""
-    if engine.model.architecture not in ROLLS_BACK:
-        pytest.skip("no rollback of its state in this llama.cpp: the next test")
+    """Chains verified in one batch, the state rolled back by what was rejected (or undone
+    from its checkpoint): plain decoding's output (or first different at a measured near-tie).
+    The synthetic drafter proposes plain decoding's own answer broken at drawn depths, so every
+    rollback from one token to all but the root happens; lookup, suffix and auto run as a
+    user's would; then the cache answers as a cold start does."""
     ctx, curve = engine.ctx, engine.planning.prepare()
-    assert ctx.rollback > 0 and ctx.config.n_seq_max == 1
+    rolls_back = engine.model.architecture in ROLLS_BACK
+    assert (ctx.rollback > 0) == rolls_back and ctx.checkpoints == (not rolls_back)
+    assert ctx.config.n_seq_max == 1
     prompt = engine.model.tokenize(PROMPT)
     truth, _ = run_ours(engine, prompt, NONE, 48, GREEDY)
-    for seed, rates in enumerate(([0.9, 0.7, 0.5, 0.3], [0.95] * ctx.rollback)):
+    stats = Stats()
+    for seed, rates in enumerate(([0.9, 0.7, 0.5, 0.3], [0.95] * (ctx.rollback or 8))):
         ctx.clear()
         drafter = SyntheticDrafter(prompt + truth, rates, engine.model.n_vocab, seed=seed)
-        stats = Stats()
         controller = Fixed(drafter, Budget(curve, 1, len(rates), static=True), "synthetic")
         out = [t for it in run(ctx, controller, prompt, GREEDY, 48, stats, RunOptions(stop_at_eog=False))
                for t in it.tokens]
         assert out == truth or near_tie(engine, prompt, truth, out), rates
-        assert stats.draft_n > stats.draft_n_accepted > 0  # accepted, and rolled back
+    assert stats.draft_n > stats.draft_n_accepted > 0  # accepted, and rolled back
     for drafter in ("lookup", "suffix", "auto"):
         out, _ = run_ours(engine, prompt, DrafterSpec.parse(drafter), 48, GREEDY)
         assert out == truth or near_tie(engine, prompt, truth, out), drafter
@@ -107,63 +106,55 @@ def test_greedy_speculation_on_a_recurrent_target_is_plain_decodings(engine):
     assert answer(engine, PROMPT).tokens == cold
 
 
-def test_without_rollback_speculation_is_one_line_and_auto_decodes_plainly(engine):
-    if engine.model.architecture in ROLLS_BACK:
-        pytest.skip("its state rolls back: the test before")
-    assert engine.ctx.rollback == 0
-    cold = answer(engine, PROMPT, cache=False).tokens
-    for drafter in ("lookup", "suffix", "lookup@8"):
-        with pytest.raises(LocalspecError, match="recurrent state") as e:
-            answer(engine, PROMPT, drafter=drafter)
-        assert "\n" not in str(e.value)
-    assert answer(engine, PROMPT, drafter="auto").tokens == cold
-    assert any("recurrent state" in n for n in engine.notices)
-    assert engine.ready(DrafterSpec.parse("auto"))
-
-
-def test_a_plain_engine_keeps_no_rollback_and_says_why_it_refuses(tmp_path, small_path):
-    """--drafter none: no rollback steps (each costs a copy of the state per decode), and a
-    request that names a drafter hears why it is refused."""
+def test_a_plain_engine_keeps_no_rollback_and_speculates_from_checkpoints(tmp_path, small_path):
+    """--drafter none: no rollback steps (each costs a copy of the state per decode); a
+    request that names a drafter undoes rejected batches from checkpoints instead, and
+    answers as plain decoding does."""
     path = make("qwen35", "tiny", tmp_path / "qwen35.gguf", tokenizer=small_path)
     engine = Engine(EngineConfig(model=str(path), n_ctx=512, threads=2, drafter=DrafterSpec("none")))
     try:
-        assert engine.ctx.rollback == 0
-        with pytest.raises(LocalspecError, match="started with --drafter none"):
-            answer(engine, PROMPT, drafter="lookup")
-        assert len(answer(engine, PROMPT).tokens) == 24
+        ctx = engine.ctx
+        assert ctx.rollback == 0 and ctx.checkpoints
+        prompt = engine.model.tokenize(PROMPT)
+        truth, _ = run_ours(engine, prompt, NONE, 32, GREEDY)
+        ctx.clear()
+        stats, drafter = Stats(), SyntheticDrafter(prompt + truth, [0.9, 0.7, 0.5], engine.model.n_vocab)
+        controller = Fixed(drafter, Budget(engine.planning.prepare(), 1, 3, static=True), "synthetic")
+        out = [t for it in run(ctx, controller, prompt, GREEDY, 32, stats, RunOptions(stop_at_eog=False))
+               for t in it.tokens]
+        assert out == truth or near_tie(engine, prompt, truth, out)
+        assert stats.draft_n > stats.draft_n_accepted > 0
+        assert answer(engine, PROMPT, drafter="lookup").tokens == answer(engine, PROMPT, cache=False).tokens
     finally:
         engine.close()
 
 
 def test_a_server_on_recurrent_targets(tmp_path, small_path):
-    """Over HTTP: a family whose state rolls back speculates when a request names a drafter;
-    one whose state does not answers that request with a 400 and its one line, and plainly
-    otherwise."""
+    """Over HTTP: a family whose state rolls back and one whose state is undone from
+    checkpoints both speculate when a request names a drafter, and chat."""
     import httpx
 
     from test_serve import serving
 
-    for arch, status in (("qwen35", 200), ("granitehybrid", 400)):
+    for arch in ("qwen35", "granitehybrid"):
         path = make(arch, "tiny", tmp_path / f"{arch}.gguf", tokenizer=small_path)
         with serving(path, threads=2) as (url, _):
             body = {"prompt": PROMPT, "n_predict": 16, "drafter": "lookup", "temperature": 0}
             r = httpx.post(f"{url}/completion", json=body, timeout=60)
-            assert r.status_code == status, r.text
-            if status == 400:
-                assert "recurrent state" in r.json()["error"]["message"]
+            assert r.status_code == 200 and r.json()["tokens_predicted"] > 0, r.text
             chat = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
             assert httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=60).status_code == 200
 
 
 def test_sampling_on_a_recurrent_target_keeps_its_distribution(engine):
     """T = 1, top-k 2: the third token over many seeds, plain and speculative (chains of the
-    greedy answer, accepted by rejection sampling, the state rolled back by what is not): a
+    greedy answer, accepted by rejection sampling, the state rolled back or undone): a
     chi-square test of the two samples."""
     from scipy.stats import chi2_contingency
 
     from localspec.control.controllers import Plain
-    if engine.model.architecture not in {"qwen35", "lfm2", "nemotron_h"}:
-        pytest.skip("one family of each kind that rolls back")
+    if engine.model.architecture not in {"qwen35", "lfm2", "nemotron_h", "granitehybrid"}:
+        pytest.skip("one family of each kind that rolls back, one undone from checkpoints")
     ctx, curve = engine.ctx, engine.planning.prepare()
     prompt = engine.model.tokenize(PROMPT[:64])  # short: every run reads it again
     truth, _ = run_ours(engine, prompt, NONE, 8, GREEDY)

@@ -106,7 +106,11 @@ class Context:
         # `rollback` tokens of its batch).
         self.recurrent = model.recurrent
         self.rollback = ll.llama_n_rs_seq(ptr) if self.recurrent else 0
-        self.saved: tuple[int, ctypes.Array] | None = None  # (position, its recurrent state: recurrent.py)
+        # Where it cannot roll back: a batch that rejects something is undone from a checkpoint.
+        self.checkpoints = self.recurrent and not self.rollback
+        # (position, its recurrent state: recurrent.py): the prompt's, and the batch's checkpoint
+        self.saved: tuple[int, ctypes.Array] | None = None
+        self.checkpoint: tuple[int, ctypes.Array] | None = None
         self.tokens: list[int] = []  # what sequence 0's KV cache holds, position by position
         # Leading positions computed exactly as a cold prefill of tokens[:n_exact] computes them.
         self.n_exact = 0
@@ -226,9 +230,10 @@ class Context:
         if self.inflight is None:
             return
         launched, self.inflight = self.inflight[0], None
-        if self.recurrent:  # the batch is in the state: decode what the cache holds again
+        if self.recurrent:  # the batch is in the state: its checkpoint, else decode the cache again
             self.synchronize()
-            recurrent.restart(self, len(self.tokens))
+            if not recurrent.undo(self):
+                recurrent.restart(self, len(self.tokens))
         else:
             _native.abandon(self.ptr, launched)
 
@@ -369,7 +374,7 @@ class Context:
         self.tokens.clear()
         self.n_exact = 0
         self._last = None
-        self.saved = None
+        self.saved = self.checkpoint = None
 
     def branch(self, src: int, dst: int) -> None:
         """Make sequence `dst` a copy of sequence `src` (a draft tree's next level)."""

@@ -1,8 +1,10 @@
 """A context whose model keeps a recurrent state (Model.recurrent: Mamba's, a gated delta-net's,
 short convolutions'), which llama.cpp cannot cut back to an earlier position. Verification
-rolls it back by what it rejects (llama.cpp's n_rs_seq, native accept); every other cut goes
-through here: the recurrent part of the state saved at the last cut is restored where that
-is at or before the cut, else the kept tokens are decoded again as a cold prompt is."""
+rolls it back by what it rejects (llama.cpp's n_rs_seq, native accept) where the architecture
+can; elsewhere it undoes a batch that rejected something from a checkpoint taken before it,
+and the batch's kept tokens lead the next one. Every other cut goes through here: the
+recurrent part of the state saved at the last cut is restored where that is at or before the
+cut, else the kept tokens are decoded again as a cold prompt is."""
 
 from __future__ import annotations
 
@@ -21,15 +23,31 @@ if TYPE_CHECKING:
 PARTIAL_STATE = 1
 
 
+def checkpoint(ctx: Context) -> None:
+    """Keep the recurrent part of the state where the next batch starts (unless it is kept
+    there already: a rejected batch was just undone to it), for undo()."""
+    n = len(ctx.tokens)
+    if ctx.checkpoint is None or ctx.checkpoint[0] != n:
+        ctx.checkpoint = (n, _get(ctx, ctx.checkpoint[1] if ctx.checkpoint else None))
+
+
+def undo(ctx: Context) -> bool:
+    """Take out what was decoded after the checkpoint, if it was taken where ctx.tokens end:
+    the cache holds ctx.tokens again, their state as it was."""
+    if ctx.checkpoint is None or ctx.checkpoint[0] != len(ctx.tokens):
+        return False
+    _set(ctx, *ctx.checkpoint)
+    return True
+
+
 def back_to(ctx: Context, n: int) -> None:
     """The context's state back at position n: the state saved at m <= n restored (the
     attention layers' cells from m on removed) and tokens[m:n] decoded again, else a restart;
     then saved at n, where measurements and the prompt cache come back to."""
+    ctx.checkpoint = None  # a batch's checkpoint is good until the next cut
     if ctx.saved is not None and ctx.saved[0] <= n:
         m, state = ctx.saved
-        ll.llama_state_seq_set_data_ext(ctx.ptr, state, len(state), 0, PARTIAL_STATE)
-        if not ll.llama_memory_seq_rm(ctx.mem, 0, m, -1):  # the restored state ends at m
-            raise LocalspecError(f"cannot go back to position {m} of a recurrent state")
+        _set(ctx, m, state)
         keep = ctx.tokens[:n]
         del ctx.tokens[m:]
         if n > m:
@@ -41,10 +59,22 @@ def back_to(ctx: Context, n: int) -> None:
 
 def save(ctx: Context) -> None:
     """Keep the recurrent part of the state at the context's end (one slot: the last saved)."""
+    ctx.saved = (len(ctx.tokens), _get(ctx))
+
+
+def _get(ctx: Context, into: ctypes.Array | None = None) -> ctypes.Array:
+    """The recurrent part of sequence 0's state (`into`, where it is of the size)."""
     size = ll.llama_state_seq_get_size_ext(ctx.ptr, 0, PARTIAL_STATE)
-    state = (ctypes.c_uint8 * size)()
+    state = into if into is not None and len(into) == size else (ctypes.c_uint8 * size)()
     ll.llama_state_seq_get_data_ext(ctx.ptr, state, size, 0, PARTIAL_STATE)
-    ctx.saved = (len(ctx.tokens), state)
+    return state
+
+
+def _set(ctx: Context, m: int, state: ctypes.Array) -> None:
+    """Sequence 0 back at position m: the state saved there, the attention cells from m on gone."""
+    ll.llama_state_seq_set_data_ext(ctx.ptr, state, len(state), 0, PARTIAL_STATE)
+    if not ll.llama_memory_seq_rm(ctx.mem, 0, m, -1):  # the restored state ends at m
+        raise LocalspecError(f"cannot go back to position {m} of a recurrent state")
 
 
 def restart(ctx: Context, n: int) -> None:
@@ -53,6 +83,7 @@ def restart(ctx: Context, n: int) -> None:
     keep = ctx.tokens[:n]
     ll.llama_memory_clear(ctx.mem, True)
     ctx.tokens.clear()
+    ctx.checkpoint = None
     if ctx.saved is not None and ctx.saved[0] > n:
         ctx.saved = None
     if keep:
