@@ -66,6 +66,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "greedy's argmax, a token id, or top-k's candidates come back; full rows where "
                         "penalties or top-k 0 need them) or its full logits on the host; auto (the "
                         "default): device where the output layer is offloaded, host on the CPU")
+    p.add_argument("--rollback", type=int, default=0, metavar="N",
+                   help="a hybrid or recurrent target (Qwen3.5, LFM2, Nemotron-H) keeps N steps of its "
+                        "state for verification to roll a chain back by (llama.cpp's n_rs_seq; chains of "
+                        "up to N); 0 (the default): a rejected batch is undone from a copy of the state "
+                        "taken before it, which ran faster on a CPU (docs/benchmarks.md)")
     p.add_argument("--curve", metavar="FILE", default="",
                    help="plan drafts with this cost curve (JSON as `localspec cost` caches it, "
                         "another machine's say) instead of this machine's")
@@ -123,7 +128,8 @@ def engine_config(a: argparse.Namespace, drafters: list[DrafterSpec]):
     return EngineConfig(a.model, a.ctx, a.threads, a.gpu_layers, a.flash_attn, strict=a.strict,
                         flat_cost=a.flat_cost, curve=a.curve, drafter=default,
                         sample_on_device={"auto": None, "device": True, "host": False}[a.sample_on], shapes=a.shapes,
-                        features=any(d.uses_features for d in drafters) or None, rpc=a.rpc)
+                        features=any(d.uses_features for d in drafters) or None, rpc=a.rpc,
+                        rollback=a.rollback)
 
 
 def pulled_config(a: argparse.Namespace, drafters: list[DrafterSpec]):
@@ -404,9 +410,9 @@ def bench_synthetic(a: argparse.Namespace) -> None:
     if a.repeat < 1:
         raise LocalspecError("--repeat must be at least 1")
     cfg = pulled_config(a, [DrafterSpec("lookup")])  # a speculating engine, which loads nothing more
-    # trees of K + 1 leaves; chains of K on a recurrent target (its state rolled back by up to K)
+    # trees of K + 1 leaves; chains of K on a recurrent target (rolled back by up to K, --rollback)
     cfg = replace(cfg, n_seq_max=max(cfg.n_seq_max, len(rates) + 1), store=StoreSetting("off"),
-                  rollback=max(cfg.rollback, len(rates)))
+                  rollback=cfg.rollback and max(cfg.rollback, len(rates)))
     engine = Engine(cfg, progress=StderrProgress())
     try:
         engine.prepare(DrafterSpec("lookup"))  # the cost curve, and the batch shapes it keeps

@@ -46,10 +46,12 @@ class EngineConfig:
     n_gpu_layers: int | None = None  # None: every layer that fits on this machine's GPUs
     flash_attn: str = "auto"
     n_seq_max: int = 8     # root-to-leaf paths a draft tree may have
-    # Tokens a recurrent target's state can be rolled back by (Model.recurrent), so its
-    # longest chain: each is one more copy of the state (Qwen3.5-35B-A3B's: about 60 MB).
-    # 0: such a target decodes plainly.
-    rollback: int = 8
+    # Tokens a recurrent target's state can be rolled back by (Model.recurrent; llama.cpp's
+    # n_rs_seq, where the architecture has it), so its longest chain: each is one more copy of
+    # the state in every decode (Qwen3.5-35B-A3B's: about 60 MB). 0: a batch that rejects a
+    # node is undone from a checkpoint of the state instead (recurrent.py), which ran faster
+    # on this CPU: docs/benchmarks.md#hybrid-targets-issue-47-2026-11-28.
+    rollback: int = 0
     # Greedy output bit-identical to plain decoding, not only up to ties: plain weight layouts
     # and a bf16 KV cache, under which llama.cpp's CPU batches of up to 6 tokens reproduce
     # single-token decoding exactly (the cost curve measures how far), and every batch (prompt

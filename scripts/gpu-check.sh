@@ -62,14 +62,16 @@ done
 timeout 100 $V/python scripts/jakiro_cost.py -m /tmp/models/rand-7b.gguf --only tree 2>&1 | grep -v "^localspec: [a-z]* curve"
 echo "jakiro_cost: exit ${PIPESTATUS[0]}"
 el "Jakiro trees on the device (a step against the target's forward)"
-# Hybrids (issue 47): tiny qwen35 and lfm2, chains verified with the recurrent state rolled back
-# on the device; every output against plain decoding.
-for a in qwen35 lfm2; do
-  $V/python tests/random_gguf.py $a tiny /tmp/models/$a.gguf --tokenizer $G/qwen15-skel.gguf > /dev/null
-  timeout 40 $L bench -m /tmp/models/$a.gguf --workload code-edit --limit 2 --max-tokens 64 \
-    --drafter lookup --drafter suffix 2>&1 | grep -E "^\| (plain|lookup|suffix) "
+# Hybrids (issue 47): a 1B-shaped qwen35 whose text repeats (--quiet), lookup's chains with the
+# recurrent state undone from checkpoints (the default) and rolled back on the device
+# (--rollback 8); which is faster here; every output against plain decoding.
+$V/python tests/random_gguf.py qwen35 1b /tmp/models/q35.gguf --repeats --quiet 0.1 --tokenizer $G/qwen15-skel.gguf > /dev/null
+for rb in 0 8; do
+  echo "--rollback $rb"
+  timeout 40 $L bench -m /tmp/models/q35.gguf --workload code-edit --limit 2 --max-tokens 64 --rollback $rb \
+    --drafter lookup 2>&1 | grep -E "^\| (plain|lookup) "
 done
-el "hybrids (rollback on the device)"
+el "hybrids (checkpoints against rollback on the device)"
 # Model drafters (issue 48): a tiny Qwen3.5 whose echo MTP layer is accepted where it repeats
 # (chains, the state rolled back), against plain decoding; then an EAGLE-3 step of a 7B's
 # shapes (its own 32k head) against the 7B's forward on the device.

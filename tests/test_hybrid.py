@@ -3,8 +3,9 @@ and its MoE, Granite 4, Nemotron-H and its MoE, Falcon-H1, Jamba, Kimi-Linear; M
 RWKV-7 alone), as tiny random-weight GGUFs (random_gguf.py). llama.cpp cannot cut such a
 state back to an earlier position: the prompt cache and a cancelled request restore a saved
 state or decode what they keep again, and verification rolls the state back by what it
-rejects where llama.cpp can (n_rs_seq: Qwen3.5's, LFM2's, Nemotron-H's); elsewhere a batch that
-rejects a node is undone from a checkpoint taken before it. What they answer must be what a
+rejects where llama.cpp can and the engine keeps rollback steps (n_rs_seq: Qwen3.5's, LFM2's,
+Nemotron-H's); otherwise (the default) a batch that rejects a node is undone from a checkpoint
+taken before it. What they answer must be what a
 cold start and plain decoding answer."""
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def engine(request, tmp_path_factory, small_path):
     path = make(request.param, "tiny", tmp_path_factory.mktemp("hybrid") / f"{request.param}.gguf",
                 tokenizer=small_path)
     notices = []
-    engine = Engine(EngineConfig(model=str(path), n_ctx=1024, threads=2), notice=notices.append)
+    # rollback 8: the families that can roll back do (the default undoes from checkpoints, as the
+    # others do here, and as test_a_plain_engine... tests on qwen35)
+    engine = Engine(EngineConfig(model=str(path), n_ctx=1024, threads=2, rollback=8), notice=notices.append)
     engine.notices = notices
     yield engine
     engine.close()
@@ -107,11 +110,11 @@ def test_greedy_speculation_on_a_recurrent_target_is_plain_decodings(engine):
 
 
 def test_a_plain_engine_keeps_no_rollback_and_speculates_from_checkpoints(tmp_path, small_path):
-    """--drafter none: no rollback steps (each costs a copy of the state per decode); a
-    request that names a drafter undoes rejected batches from checkpoints instead, and
-    answers as plain decoding does."""
+    """--drafter none keeps no rollback steps (each costs a copy of the state per decode), even
+    where asked for; a request that names a drafter undoes rejected batches from checkpoints,
+    as every engine does by default, and answers as plain decoding does."""
     path = make("qwen35", "tiny", tmp_path / "qwen35.gguf", tokenizer=small_path)
-    engine = Engine(EngineConfig(model=str(path), n_ctx=512, threads=2, drafter=DrafterSpec("none")))
+    engine = Engine(EngineConfig(model=str(path), n_ctx=512, threads=2, drafter=DrafterSpec("none"), rollback=8))
     try:
         ctx = engine.ctx
         assert ctx.rollback == 0 and ctx.checkpoints
@@ -130,8 +133,9 @@ def test_a_plain_engine_keeps_no_rollback_and_speculates_from_checkpoints(tmp_pa
 
 
 def test_a_server_on_recurrent_targets(tmp_path, small_path):
-    """Over HTTP: a family whose state rolls back and one whose state is undone from
-    checkpoints both speculate when a request names a drafter, and chat."""
+    """Over HTTP (the server's defaults: rejected batches undone from checkpoints): a family
+    that could roll back and one that cannot both speculate when a request names a drafter,
+    and chat."""
     import httpx
 
     from test_serve import serving
@@ -176,8 +180,8 @@ def test_sampling_on_a_recurrent_target_keeps_its_distribution(engine):
 
 
 def test_a_chat_on_a_hybrid_target_stops_and_answers_as_a_cold_start(tmp_path, small_path):
-    """`localspec chat` on a qwen35 under Textual's pilot, auto speculating (its state rolled
-    back): an answer is a cold plain engine's; Esc stops the next with its forward in flight;
+    """`localspec chat` on a qwen35 under Textual's pilot, auto speculating (a rejected batch
+    undone from its checkpoint): an answer is a cold plain engine's; Esc stops the next with its forward in flight;
     the turn after it, decoded from the recurrent state the prompt cache saved, is again a cold
     start's answer to the whole conversation. Strict and one thread: byte for byte."""
     import asyncio
