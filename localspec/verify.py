@@ -3,6 +3,7 @@ acceptance in native code, and the KV cache left holding exactly the accepted pa
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -142,7 +143,8 @@ def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler, tie_bound: floa
     A recurrent state that cannot be rolled back (Context.checkpoints) keeps the whole batch
     where every node is accepted; else the batch is undone to its checkpoint, and its pending
     tokens and accepted path come back as the next batch's pending ones (`requeued`), which
-    costs rows in that batch rather than a forward of its own."""
+    costs rows in that batch rather than a forward of its own; where that batch rejects too,
+    what it carried is decoded at once, in a forward of its own."""
     launched, ctx.inflight = ctx.inflight, None
     keep_batch = ctx.checkpoints
     path, nxt, unsettled, n_cached, seconds, device_failed = _native.finish(
@@ -160,7 +162,17 @@ def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler, tie_bound: floa
     accepted = launched.tree.tokens[path].tolist() if len(path) else []
     emitted = accepted + ([nxt] if nxt >= 0 else [])
     if rejected:
-        return Verdict(path, emitted, unsettled, 0, seconds, launched.pending.tolist())
+        kept = launched.pending.tolist() + accepted
+        if len(launched.pending) == 1:
+            return Verdict(path, emitted, unsettled, 0, seconds, launched.pending.tolist())
+        # Requeued once already: decoded now, so that no batch carries them twice (a run of
+        # rejections would otherwise grow every batch by what the last one kept).
+        t0 = time.perf_counter()
+        ctx.decode(kept, range(len(ctx.tokens), len(ctx.tokens) + len(kept)),
+                   outputs=[launched.all_pending_rows] * (len(kept) - 1) + [True])
+        ctx.synchronize()
+        ctx.tokens.extend(kept)
+        return Verdict(path, emitted, unsettled, len(path), seconds + time.perf_counter() - t0)
     ctx.tokens.extend(launched.pending.tolist())
     ctx.tokens.extend(accepted[:n_cached])
     return Verdict(path, emitted, unsettled, n_cached, seconds)

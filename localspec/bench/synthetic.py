@@ -180,7 +180,7 @@ def run_synthetic(engine: Engine, prompts: list[list[int]], rates: Sequence[floa
         for it in run(ctx, controller, prompt, greedy, max_tokens, stats, RunOptions(stop_at_eog=False)):
             out += it.tokens
             if it.arm != "prompt":
-                arm.steps.append((1 + it.n_drafted, it.seconds, it.forward_seconds, it.host_seconds))
+                arm.steps.append((it.batch, it.seconds, it.forward_seconds, it.host_seconds))
         arm.tokens += stats.predicted_n - 1
         arm.seconds += stats.predicted_ms / 1e3
         return out
