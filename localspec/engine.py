@@ -243,10 +243,9 @@ class Engine:
         on_device = cfg.sample_on_device
         if on_device is None:  # llama.cpp counts the output layer as layer n_layer
             on_device = offloaded and self.model.n_gpu_layers > self.model.n_layer
-        # A recurrent state (Model.recurrent) is kept per sequence and per rollback step: such a
-        # target verifies chains, in one sequence, rolled back by what they reject (or, where
-        # its architecture cannot roll back, or --drafter none keeps no steps, undone from a
-        # checkpoint: recurrent.py).
+        # A recurrent state (Model.recurrent) is kept per sequence (and per rollback step): such
+        # a target verifies chains, in one sequence, a rejecting batch undone from a checkpoint
+        # (recurrent.py), or, with --rollback N where its architecture can, rolled back.
         recurrent = self.model.recurrent
         config = ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads, flash_attn=cfg.flash_attn,
                                n_seq_max=1 if recurrent else cfg.n_seq_max, kv_type="bf16" if cfg.strict else "f16",

@@ -106,7 +106,7 @@ class Context:
         # `rollback` tokens of its batch).
         self.recurrent = model.recurrent
         self.rollback = ll.llama_n_rs_seq(ptr) if self.recurrent else 0
-        # Where it cannot roll back: a batch that rejects something is undone from a checkpoint.
+        # Without rollback steps: a batch that rejects something is undone from a checkpoint.
         self.checkpoints = self.recurrent and not self.rollback
         # (position, its recurrent state: recurrent.py): the prompt's, and the batch's checkpoint
         self.saved: tuple[int, ctypes.Array] | None = None

@@ -1,8 +1,8 @@
 """A context whose model keeps a recurrent state (Model.recurrent: Mamba's, a gated delta-net's,
 short convolutions'), which llama.cpp cannot cut back to an earlier position. Verification
-rolls it back by what it rejects (llama.cpp's n_rs_seq, native accept) where the architecture
-can; elsewhere it undoes a batch that rejected something from a checkpoint taken before it,
-and the batch's kept tokens lead the next one. Every other cut goes through here: the
+undoes a batch that rejected something from a checkpoint taken before it, and the batch's
+kept tokens lead the next one (or, with rollback steps, rolls the state back by what it
+rejects: llama.cpp's n_rs_seq, native accept). Every other cut goes through here: the
 recurrent part of the state saved at the last cut is restored where that is at or before the
 cut, else the kept tokens are decoded again as a cold prompt is."""
 
