@@ -268,8 +268,9 @@ def land(ctx: Context, flight: Flight, sampler: TokenSampler, options: RunOption
     verdict = accept(ctx, flight.tree, sampler, options.tie_bound)
     if options.on_forward:  # in the shape it ran in (a GPU pads batches to a few)
         options.on_forward(ctx.shape, flight.n_past, verdict.seconds)
-    if commit:  # the pending rows, then the accepted nodes the cache kept
-        commit(flight.n_past, list(range(flight.n_pending - len(verdict.requeued) + verdict.n_cached)))
+    kept = flight.n_pending - len(verdict.requeued) + verdict.n_cached
+    if commit and kept:  # the pending rows, then the accepted nodes the cache kept
+        commit(flight.n_past, list(range(kept)))
     if len(flight.tree):  # a proposal sized to nothing was not verified: nothing to observe
         flight.drafter.observe(flight.tree, verdict)
     sampler.extend(verdict.tokens)

@@ -42,7 +42,7 @@ def test_synthetic_runs_are_plain_decodings_output_at_the_rates(small_path):
         assert arm.identical == arm.runs == 1, arm.name
     plain, chain, tree, idle = sure
     assert chain.tokens / len(chain.steps) > 4.0 and max(s[0] for s in chain.steps) == 5
-    assert max(s[0] for s in tree.steps) == 9
+    assert 9 in {s[0] for s in tree.steps}  # the root and 2K nodes (later batches carry pending rows too)
     assert {s[0] for s in idle.steps} >= {1, 5}
     assert all(len(a.steps) == a.tokens for a in never)  # one token an iteration
     assert "no-draft step inside a speculative run" in synthetic.report(sure, [1.0] * 4)
