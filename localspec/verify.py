@@ -151,8 +151,8 @@ def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler, tie_bound: floa
         ctx.ptr, launched.batch, tree.q_offsets, tree.q_ids, tree.q_probs, sampler.sampler, sampler.history,
         sampler.rng, tie_bound, ctx.rows_from, keep_batch)
     rejected = keep_batch and (device_failed or len(path) < len(launched.tree))
-    if rejected and not recurrent.undo(ctx):  # no checkpoint (a plain step): decode it again
-        recurrent.restart(ctx, len(ctx.tokens))
+    if rejected:
+        recurrent.undo(ctx)
     if device_failed:  # nothing was kept: the same batch again, read on the host
         ctx.off_device("a verification row")
         launch(ctx, launched.tree, launched.pending, launched.all_pending_rows, launched.speculating)
@@ -168,10 +168,8 @@ def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler, tie_bound: floa
         # Requeued once already: decoded now, so that no batch carries them twice (a run of
         # rejections would otherwise grow every batch by what the last one kept).
         t0 = time.perf_counter()
-        ctx.decode(kept, range(len(ctx.tokens), len(ctx.tokens) + len(kept)),
-                   outputs=[launched.all_pending_rows] * (len(kept) - 1) + [True])
+        ctx.extend(kept, len(kept) if launched.all_pending_rows else 1)
         ctx.synchronize()
-        ctx.tokens.extend(kept)
         return Verdict(path, emitted, unsettled, len(path), seconds + time.perf_counter() - t0)
     ctx.tokens.extend(launched.pending.tolist())
     ctx.tokens.extend(accepted[:n_cached])

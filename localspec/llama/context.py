@@ -230,10 +230,9 @@ class Context:
         if self.inflight is None:
             return
         launched, self.inflight = self.inflight[0], None
-        if self.recurrent:  # the batch is in the state: its checkpoint, else decode the cache again
+        if self.recurrent:  # the batch is in the state
             self.synchronize()
-            if not recurrent.undo(self):
-                recurrent.restart(self, len(self.tokens))
+            recurrent.undo(self)
         else:
             _native.abandon(self.ptr, launched)
 

@@ -31,13 +31,13 @@ def checkpoint(ctx: Context) -> None:
         ctx.checkpoint = (n, _get(ctx, ctx.checkpoint[1] if ctx.checkpoint else None))
 
 
-def undo(ctx: Context) -> bool:
-    """Take out what was decoded after the checkpoint, if it was taken where ctx.tokens end:
-    the cache holds ctx.tokens again, their state as it was."""
-    if ctx.checkpoint is None or ctx.checkpoint[0] != len(ctx.tokens):
-        return False
-    _set(ctx, *ctx.checkpoint)
-    return True
+def undo(ctx: Context) -> None:
+    """Take out what was decoded after ctx.tokens: the cache holds them again, their state as
+    it was (the checkpoint, where one was taken where they end; else decoded again)."""
+    if ctx.checkpoint is not None and ctx.checkpoint[0] == len(ctx.tokens):
+        _set(ctx, *ctx.checkpoint)
+    else:
+        restart(ctx, len(ctx.tokens))
 
 
 def back_to(ctx: Context, n: int) -> None:
