@@ -12,7 +12,7 @@ import numpy as np
 from localspec import _native
 from localspec.errors import LocalspecError
 from localspec.llama import recurrent
-from localspec.llama.context import Context, check_status
+from localspec.llama.context import Context, check_status, padded_shape
 from localspec.sampling import TokenSampler
 
 _EMPTY_I = np.zeros(0, np.int32)
@@ -107,7 +107,7 @@ def launch(ctx: Context, tree: DraftTree, pending: list[int], all_pending_rows: 
     last is the tree's root) and the tree, in one native call (native/step.h: the batch, one
     sequence per root-to-leaf path, and llama_decode), the GIL released. Rows: pending tokens
     first (outputs for the root only, or for all with all_pending_rows), then the tree's
-    nodes, then padding up to the context's shape (Context.padded). On a GPU it runs on after
+    nodes, then padding up to the context's shape (padded). On a GPU it runs on after
     this returns, while the host does other work. `speculating`: a drafter proposed (the
     tree may be empty): the batch may keep the last forward's shape."""
     if ctx.inflight is not None:
@@ -119,12 +119,22 @@ def launch(ctx: Context, tree: DraftTree, pending: list[int], all_pending_rows: 
     if ctx.checkpoints and len(tree):  # what accept undoes the batch to if it rejects a node
         recurrent.checkpoint(ctx)
     pending = np.asarray(pending, np.int32)
-    shape = ctx.padded(n, speculating)
+    shape = padded(ctx, n, speculating)
     batch, status = _native.launch(ctx.ptr, len(ctx.tokens), pending, tree.tokens, tree.parents, all_pending_rows,
                                    shape, ctx.pad_seq)
     check_status(status, n)
     ctx.inflight = Launched(batch, pending, tree, all_pending_rows, speculating)
     ctx.shape = shape  # the batch's rows, padding included
+
+
+def padded(ctx: Context, n: int, speculating: bool) -> int:
+    """The rows a verification batch of n runs as: its own size where the context has no
+    shapes; else the next shape up, or, for a speculating step, what ctx.pad_rule says (it may
+    stay in the last forward's shape); never past n_batch or the context's end."""
+    if not ctx.shapes:
+        return n
+    shape = ctx.pad_rule(n, len(ctx.tokens)) if speculating and ctx.pad_rule else padded_shape(ctx.shapes, n)
+    return n if shape > ctx.config.n_batch or len(ctx.tokens) + shape > ctx.n_ctx else shape
 
 
 def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler, tie_bound: float = 0.0) -> Verdict:

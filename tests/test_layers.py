@@ -85,3 +85,18 @@ def test_no_request_path_imports_the_download_code():
             "print(sorted(m for m in ('localspec.pull', 'localspec.hub', 'huggingface_hub') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_functions_and_classes_stay_readable():
+    """docs/architecture.md's limits: no function in localspec/ or tui/ longer than 80 lines
+    (the CLI's table of arguments aside), no class longer than 300."""
+    long = []
+    for path in sorted([*ROOT.glob("localspec/**/*.py"), *ROOT.glob("tui/**/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            lines = getattr(node, "end_lineno", 0) - getattr(node, "lineno", 0) + 1
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and lines > 80 \
+                    and (path.name, node.name) != ("cli.py", "parser"):
+                long.append(f"{path.relative_to(ROOT)}: function {node.name}, {lines} lines")
+            elif isinstance(node, ast.ClassDef) and lines > 300:
+                long.append(f"{path.relative_to(ROOT)}: class {node.name}, {lines} lines")
+    assert not long, "\n".join(long)

@@ -3,7 +3,6 @@ views of logits and hidden states, KV-cache operations and a prefix cache."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
 from dataclasses import dataclass
@@ -102,15 +101,12 @@ class Context:
         rpc.keepalive(model.rpc)  # the context's buffers may have opened connections
         self.n_ctx = ll.llama_n_ctx(ptr)
         self.mem = ll.llama_get_memory(ptr)
-        # A recurrent state: cut back by recurrent.py, rolled back by verification (up to
-        # `rollback` tokens of its batch).
-        self.recurrent = model.recurrent
-        self.rollback = ll.llama_n_rs_seq(ptr) if self.recurrent else 0
-        # Without rollback steps: a batch that rejects something is undone from a checkpoint.
-        self.checkpoints = self.recurrent and not self.rollback
-        # (position, its recurrent state: recurrent.py): the prompt's, and the batch's checkpoint
-        self.saved: tuple[int, ctypes.Array] | None = None
-        self.checkpoint: tuple[int, ctypes.Array] | None = None
+        # A recurrent state (recurrent.py): rolled back by verification up to `rollback` tokens
+        # of a batch, or, without rollback steps, a batch that rejects something is undone from
+        # a checkpoint.
+        self.recurrent = recurrent.Saved() if model.recurrent else None
+        self.rollback = ll.llama_n_rs_seq(ptr) if model.recurrent else 0
+        self.checkpoints = model.recurrent and not self.rollback
         self.tokens: list[int] = []  # what sequence 0's KV cache holds, position by position
         # Leading positions computed exactly as a cold prefill of tokens[:n_exact] computes them.
         self.n_exact = 0
@@ -183,15 +179,6 @@ class Context:
         if self.inflight is not None:
             raise LocalspecError("a launched batch is not finished yet")
         check_status(_native.decode(self.ptr, tokens, pos, offsets, flat, out), len(tokens))
-
-    def padded(self, n: int, speculating: bool) -> int:
-        """The rows a verification batch of n runs as: its own size where no shapes are set;
-        else the next shape up, or, for a speculating step, what pad_rule says (it may stay in
-        the last forward's shape); never past n_batch or the context's end."""
-        if not self.shapes:
-            return n
-        shape = self.pad_rule(n, len(self.tokens)) if speculating and self.pad_rule else padded_shape(self.shapes, n)
-        return n if shape > self.config.n_batch or len(self.tokens) + shape > self.n_ctx else shape
 
     def sample_on_device(self, top_k: int | None) -> None:
         """Acceptance reads each row from a sampler inside the forward's graph (native/step.h):
@@ -373,7 +360,7 @@ class Context:
         self.tokens.clear()
         self.n_exact = 0
         self._last = None
-        self.saved = self.checkpoint = None
+        self.recurrent = recurrent.Saved() if self.recurrent else None
 
     def branch(self, src: int, dst: int) -> None:
         """Make sequence `dst` a copy of sequence `src` (a draft tree's next level)."""

@@ -9,6 +9,7 @@ cut, else the kept tokens are decoded again as a cold prompt is."""
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import llama_cpp as ll
@@ -23,19 +24,29 @@ if TYPE_CHECKING:
 PARTIAL_STATE = 1
 
 
+@dataclass
+class Saved:
+    """Copies of the recurrent part of a context's state, each with its position: the last
+    saved (a prompt's last chunk boundary, the last cut: back_to's way back), and the
+    checkpoint where the launched batch starts (undo's)."""
+    saved: tuple[int, ctypes.Array] | None = None
+    checkpoint: tuple[int, ctypes.Array] | None = None
+
+
 def checkpoint(ctx: Context) -> None:
     """Keep the recurrent part of the state where the next batch starts (unless it is kept
     there already: a rejected batch was just undone to it), for undo()."""
-    n = len(ctx.tokens)
-    if ctx.checkpoint is None or ctx.checkpoint[0] != n:
-        ctx.checkpoint = (n, _get(ctx, ctx.checkpoint[1] if ctx.checkpoint else None))
+    n, kept = len(ctx.tokens), ctx.recurrent.checkpoint
+    if kept is None or kept[0] != n:
+        ctx.recurrent.checkpoint = (n, _get(ctx, kept[1] if kept else None))
 
 
 def undo(ctx: Context) -> None:
     """Take out what was decoded after ctx.tokens: the cache holds them again, their state as
     it was (the checkpoint, where one was taken where they end; else decoded again)."""
-    if ctx.checkpoint is not None and ctx.checkpoint[0] == len(ctx.tokens):
-        _set(ctx, *ctx.checkpoint)
+    kept = ctx.recurrent.checkpoint
+    if kept is not None and kept[0] == len(ctx.tokens):
+        _set(ctx, *kept)
     else:
         restart(ctx, len(ctx.tokens))
 
@@ -44,10 +55,11 @@ def back_to(ctx: Context, n: int) -> None:
     """The context's state back at position n: the state saved at m <= n restored (the
     attention layers' cells from m on removed) and tokens[m:n] decoded again, else a restart;
     then saved at n, where measurements and the prompt cache come back to."""
-    ctx.checkpoint = None  # a batch's checkpoint is good until the next cut
-    if ctx.saved is not None and ctx.saved[0] <= n:
-        m, state = ctx.saved
-        _set(ctx, m, state)
+    ctx.recurrent.checkpoint = None  # a batch's checkpoint is good until the next cut
+    saved = ctx.recurrent.saved
+    if saved is not None and saved[0] <= n:
+        m = saved[0]
+        _set(ctx, *saved)
         keep = ctx.tokens[:n]
         del ctx.tokens[m:]
         if n > m:
@@ -59,7 +71,7 @@ def back_to(ctx: Context, n: int) -> None:
 
 def save(ctx: Context) -> None:
     """Keep the recurrent part of the state at the context's end (one slot: the last saved)."""
-    ctx.saved = (len(ctx.tokens), _get(ctx))
+    ctx.recurrent.saved = (len(ctx.tokens), _get(ctx))
 
 
 def _get(ctx: Context, into: ctypes.Array | None = None) -> ctypes.Array:
@@ -83,8 +95,8 @@ def restart(ctx: Context, n: int) -> None:
     keep = ctx.tokens[:n]
     ll.llama_memory_clear(ctx.mem, True)
     ctx.tokens.clear()
-    ctx.checkpoint = None
-    if ctx.saved is not None and ctx.saved[0] > n:
-        ctx.saved = None
+    ctx.recurrent.checkpoint = None
+    if ctx.recurrent.saved is not None and ctx.recurrent.saved[0] > n:
+        ctx.recurrent.saved = None
     if keep:
         decode_chunks(ctx, keep, 0, len(keep) - 1, None, None)
