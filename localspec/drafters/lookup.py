@@ -74,7 +74,10 @@ class MatchAcceptance:
         self.prior = np.repeat(prior[:, None], len(self.DEPTH_BINS), axis=1)  # [bucket, depth bin]
         self.followed = np.zeros_like(self.prior)  # tokens the text followed, decayed
         self.reached = np.zeros_like(self.prior)   # tokens it followed or left there, decayed
-        self.bin_of = np.searchsorted(self.DEPTH_BINS, np.arange(1, 65), side="right") - 1  # depth - 1 -> bin
+        # Plain lists: they are read a few dozen times an iteration, where numpy's calls cost more.
+        self.bin_of = (np.searchsorted(self.DEPTH_BINS, np.arange(1, 65), side="right") - 1).tolist()  # depth - 1 -> bin
+        self.bucket_of = [max(i for i, m in enumerate(self.match_lengths) if m <= max(n, n_min))
+                          for n in range(self.match_lengths[-1] + 1)]  # match length -> bucket
         self._context: tuple[int, tuple[int, ...]] = (0, ())  # its length and last tokens
         # Proposals the text has not yet judged: [start, tail before it, bucket, children by
         # (parent, token), nodes with children, node reached, depth reached, proposals waited].
@@ -89,7 +92,7 @@ class MatchAcceptance:
         return float(self.rates()[self._bucket(match_length), self.bin_of[min(depth, 64) - 1]])
 
     def _bucket(self, n_match: int) -> int:
-        return max(i for i, n in enumerate(self.match_lengths) if n <= max(n_match, self.match_lengths[0]))
+        return self.bucket_of[min(n_match, len(self.bucket_of) - 1)]
 
     def start(self, context: list[int]) -> None:
         """A proposal for `context` begins: evidence decays, and the proposals still open are
@@ -120,12 +123,12 @@ class MatchAcceptance:
 
     def _count(self, bucket: int, start: int, depth: int, left: bool) -> None:
         """The text followed a draft from depth `start` to `depth`, then left it (`left`)."""
-        if depth > start:
-            n = np.bincount(self.bin_of[start:depth], minlength=len(self.DEPTH_BINS))
-            self.followed[bucket] += n
-            self.reached[bucket] += n
+        followed, reached = self.followed[bucket], self.reached[bucket]
+        for b in self.bin_of[start:depth]:
+            followed[b] += 1.0
+            reached[b] += 1.0
         if left and depth < 64:
-            self.reached[bucket, self.bin_of[depth]] += 1.0
+            reached[self.bin_of[depth]] += 1.0
 
     def tree(self, tokens: np.ndarray, parents: np.ndarray, counts: np.ndarray, n_match: int,
              n_occurrences: int) -> DraftTree:
@@ -134,11 +137,16 @@ class MatchAcceptance:
         if n_occurrences == 0 or len(tokens) == 0:  # nothing matched, or no room to draft
             return DraftTree.empty()
         bucket = self._bucket(n_match)
-        tree = DraftTree(tokens, parents, np.zeros(len(tokens)))
-        depths = tree.depths()
-        along = np.cumprod(self.rates(bucket)[self.bin_of[:int(depths.max())]])  # one row: every proposal
-        tree.reach = counts / n_occurrences * along[depths - 1]
+        rates, bin_of = self.rates(bucket).tolist(), self.bin_of
         parent_list = parents.tolist()
+        depths, along = [], [1.0]  # along[d]: the chance the text follows the draft to depth d
+        for p in parent_list:  # parents come first: a node is at most one deeper than any before
+            d = 1 if p < 0 else depths[p] + 1
+            depths.append(d)
+            if d == len(along):
+                along.append(along[-1] * rates[bin_of[d - 1]])
+        share = 1.0 / n_occurrences
+        reach = np.array([c * share * along[d] for c, d in zip(counts.tolist(), depths)])
         children = {(p, t): i for i, (p, t) in enumerate(zip(parent_list, tokens.tolist()))}
         self._open.append([*self._context, bucket, children, set(parent_list), -1, 0, 0])
-        return tree
+        return DraftTree(tokens, parents, reach)
