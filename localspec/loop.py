@@ -208,13 +208,7 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
             n_emitted = next((i + 1 for i, t in enumerate(emitted) if ends(ctx, options, t, n_out + i + 1,
                                                                              max_tokens)), len(emitted))
             t_end = time.perf_counter()
-            done = Iteration(arm=flight.arm, phase=flight.phase,
-                             drafter=flight.drafter.name if flight.drafter else None, tokens=emitted[:n_emitted],
-                             n_accepted=min(len(verdict.path), n_emitted), n_drafted=len(flight.tree),
-                             seconds=t_end - t_iter, tree=flight.tree, forward_seconds=forward,
-                             draft_seconds=flight.draft_seconds, draft_ahead=flight.draft_ahead,
-                             n_verified_accepted=len(verdict.path), batch=flight.n_pending + len(flight.tree),
-                             n_past=flight.n_past)
+            done = handed_out(flight, verdict, n_emitted, t_end - t_iter, forward)
             t_iter = t_end
             heard = options.heard(done) if options.heard else done.seconds + done.draft_ahead
             controller.record(n_emitted, heard, len(flight.tree), len(verdict.path))
@@ -281,6 +275,17 @@ def land(ctx: Context, flight: Flight, sampler: TokenSampler, options: RunOption
         forward += time.perf_counter() - t_settle
         sampler.extend(verdict.tokens[-1:])
     return verdict, forward, verdict.unsettled
+
+
+def handed_out(flight: Flight, verdict: Verdict, n_emitted: int, seconds: float, forward: float) -> Iteration:
+    """What the caller is handed of a landed flight: its first n_emitted tokens (the request
+    may end inside what was emitted) and what they took."""
+    return Iteration(arm=flight.arm, phase=flight.phase, drafter=flight.drafter.name if flight.drafter else None,
+                     tokens=verdict.tokens[:n_emitted], n_accepted=min(len(verdict.path), n_emitted),
+                     n_drafted=len(flight.tree), seconds=seconds, tree=flight.tree, forward_seconds=forward,
+                     draft_seconds=flight.draft_seconds, draft_ahead=flight.draft_ahead,
+                     n_verified_accepted=len(verdict.path), batch=flight.n_pending + len(flight.tree),
+                     n_past=flight.n_past)
 
 
 def ends(ctx: Context, options: RunOptions, token: int, n_out: int, max_tokens: int) -> bool:

@@ -100,3 +100,10 @@ def test_functions_and_classes_stay_readable():
             elif isinstance(node, ast.ClassDef) and lines > 300:
                 long.append(f"{path.relative_to(ROOT)}: class {node.name}, {lines} lines")
     assert not long, "\n".join(long)
+
+
+def test_the_loop_reads_at_once():
+    """Issue 45: the loop itself (loop.run) is at most 60 lines."""
+    tree = ast.parse((ROOT / "localspec/loop.py").read_text())
+    run = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run")
+    assert run.end_lineno - run.lineno + 1 <= 60

@@ -71,7 +71,7 @@ class CascadeController:
     propose; K = 0 plain decoding) and reports what the iteration emitted and cost: all of it
     (drafting, verification, sampling) except the time a drafter switched in spends catching
     up with the context it missed while others ran. That is paid once per switch, not per
-    iteration, so it is left out of the trial's utility and charged instead in the prediction
+    iteration, so it is left out of the trial's utility and counted instead in the prediction
     that decides whether the drafter gets a trial at all (predict_k).
 
     Drafters that draft for free (prompt lookup) are watched while plain decoding runs: each
