@@ -72,3 +72,48 @@ def test_llama_cpp_loop_at_the_same_rates(small_path):
     # every drafted token is accepted at rate 1: ngram-simple drafts on this repeating text
     assert chain.accepted == chain.drafted > 0 and chain.iterations < plain.iterations
     assert "llama-server chain K=4" in text
+
+
+def test_a_flipped_text_is_followed_at_the_same_rates(small_path):
+    """A near-tie that flips makes the text another than the precomputed truth (a GPU's
+    near-flat random logits do so within a few iterations). Flipped here by a truth that is
+    wrong at one token: the drafter takes up the new text's own continuation (plain decoding
+    in a second context), on its clock, and drafts on at the same rates; without `follow` it
+    drafts nothing more. Either way the output is plain decoding's."""
+    from localspec.control.controllers import Fixed
+    from localspec.drafters.base import Budget, DraftClock
+    from localspec.llama.context import Context
+    from localspec.loop import RunOptions, generate, run
+    from localspec.sampling import SamplingConfig
+
+    greedy = SamplingConfig(temperature=0)
+    engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=1, store="off", n_seq_max=5,
+                                 curve=str(RECORDED_CURVE)))
+    follower = Context(engine.model, engine.ctx.config)
+    try:
+        ctx, curve = engine.ctx, engine.planning.prepare()
+        prompt = engine.model.tokenize("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n")
+        truth = generate(ctx, prompt, 48, greedy, stop_at_eog=False)
+        wrong = list(truth)
+        wrong[6] = (wrong[6] + 1) % engine.model.n_vocab  # the text "flips" at its 7th token
+        runs = {}
+        for following in (False, True):
+            clock = DraftClock()
+            drafter = synthetic.SyntheticDrafter(
+                prompt + wrong, [1.0] * 4, engine.model.n_vocab,
+                follow=(lambda c, n: generate(follower, c, n, greedy, stop_at_eog=False)) if following else None)
+            drafter.clock = clock
+            ctx.clear()
+            its = list(run(ctx, Fixed(drafter, Budget(curve, 5, 4, static=True), "chain"), prompt, greedy, 48,
+                           None, RunOptions(stop_at_eog=False, draft_clock=clock)))
+            assert [t for it in its for t in it.tokens] == truth
+            runs[following] = its, drafter, clock
+    finally:
+        follower.close()
+        engine.close()
+    stopped, followed = runs[False][0], runs[True][0]
+    drafter, clock = runs[True][1:]
+    assert runs[False][1].flips == 0 and drafter.flips == 1
+    assert len(followed) < len(stopped) - 10  # it went on drafting 4 at a time, not one token a step
+    assert max(len(it.tokens) for it in followed[4:]) == 5
+    assert clock.measured > 0 and sum(it.draft_seconds for it in followed) == pytest.approx(clock.measured)

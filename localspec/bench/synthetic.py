@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from localspec.control.controllers import Fixed, Plain
-from localspec.drafters.base import Budget, Drafter
+from localspec.drafters.base import Budget, DraftClock, Drafter
 from localspec.engine import Engine
 from localspec.errors import LocalspecError
-from localspec.loop import RunOptions, Stats, run
+from localspec.llama.context import Context
+from localspec.loop import RunOptions, Stats, generate, run
 from localspec.sampling import SamplingConfig
 from localspec.verify import DraftTree
 
@@ -69,13 +71,25 @@ class SyntheticDrafter(Drafter):
     rates[i] / rates[i - 1] once all before it did. `branches` = 2 adds a second child at
     every level, a leaf, that holds the right token, at the level where the chain broke, with
     that level's conditional rate (a second guess as good as the first): a tree of 2K nodes.
-    `idle_every` = n: every n-th proposal is empty (a plain step inside a speculative run)."""
+    `idle_every` = n: every n-th proposal is empty (a plain step inside a speculative run).
+
+    Batched rows may flip a near-tie that plain decoding's single rows did not (on a GPU with
+    random weights, whose logits are near-flat, within a few iterations): the text is then
+    another than `truth`. With `follow` (context, n -> the target's plain greedy continuation
+    of the context, n tokens) the drafter takes up that text's own continuation and goes on
+    at the same rates, the time it took told to its clock (a drafter's own forwards: not the
+    loop's); without, it drafts nothing more."""
 
     name = "synthetic"
+    AHEAD = 64  # tokens of a followed text's continuation decoded at a time
 
     def __init__(self, truth: Sequence[int], rates: Sequence[float], n_vocab: int, branches: int = 1,
-                 idle_every: int = 0, seed: int = 0):
+                 idle_every: int = 0, seed: int = 0,
+                 follow: Callable[[list[int], int], list[int]] | None = None):
         self.truth = list(truth)
+        self.end = len(self.truth)  # where the request ends: no truth past it
+        self.follow = follow
+        self.flips = 0  # texts taken up after a flip
         self.rates = list(rates)
         self.conditional = [r / p if p > 0 else 0.0 for r, p in zip(self.rates, [1.0] + self.rates)]
         self.n_vocab = n_vocab
@@ -93,12 +107,17 @@ class SyntheticDrafter(Drafter):
         if self.idle_every and self.proposals % self.idle_every == 0:
             return DraftTree.empty()
         n = len(context)
-        if self.diverged or self.truth[n - 1:n] != context[-1:]:
-            # batched rows may flip a near-tie that plain decoding's single rows did not: the
-            # truth is then another text's, and nothing more is drafted from it
-            self.diverged = True
-            return DraftTree.empty()
         k = min(len(self.rates), budget.max_nodes // self.branches)
+        if self.diverged or self.truth[n - 1:n] != context[-1:]:  # a flip: another text
+            if self.follow is None:
+                self.diverged = True
+                return DraftTree.empty()
+            self.flips += 1
+            self.truth = list(context)
+        if len(self.truth) < min(n + k, self.end):  # a followed text's continuation, as needed
+            t0 = time.perf_counter()
+            self.truth += self.follow(self.truth, min(self.AHEAD, self.end - len(self.truth)))
+            self.clock.forward(0, n, t0)
         right = self.truth[n:n + k]
         right += [self.wrong(right[-1] if right else context[-1])] * (k - len(right))  # past the end: wrong
         broken = next((i for i in range(k) if self.rng.random() >= self.conditional[i]), k)
@@ -129,6 +148,7 @@ class Arm:
     tokens: int = 0         # generated after each prompt's first token
     seconds: float = 0.0
     identical: int = 0      # prompts whose output was plain decoding's
+    flips: int = 0          # near-ties that flipped, after which the drafter followed the new text
     runs: int = 0
 
     @property
@@ -167,33 +187,46 @@ def run_synthetic(engine: Engine, prompts: list[list[int]], rates: Sequence[floa
     if not ctx.recurrent and (2 * k + 1 > ctx.config.n_batch or k + 1 > ctx.config.n_seq_max):
         raise LocalspecError(f"a tree of 2×{k} needs n_batch ≥ {2 * k + 1} and {k + 1} sequences")
     curve = engine.planning.prepare()
+    follower: list[Context] = []  # a second context of the target: what a flipped text goes on as
+
+    def follow(context: list[int], n: int) -> list[int]:
+        if not follower:
+            follower.append(Context(engine.model, ctx.config))
+        return generate(follower[0], context, n, greedy, stop_at_eog=False)
 
     def once(arm: Arm, prompt: list[int], truth: list[int], r: int) -> list[int]:
         ctx.clear()
+        clock = DraftClock()  # the time taking up a flipped text took: the bench's, not the loop's
         if arm.branches:
             drafter = SyntheticDrafter(prompt + truth, rates, engine.model.n_vocab, arm.branches, arm.idle_every,
-                                       seed=seed + r)
+                                       seed=seed + r, follow=follow)
+            drafter.clock = clock
             controller = Fixed(drafter, Budget(curve, ctx.config.n_seq_max, k * arm.branches, static=True), arm.name)
         else:
             controller = Plain()
         stats, out = Stats(), []
-        for it in run(ctx, controller, prompt, greedy, max_tokens, stats, RunOptions(stop_at_eog=False)):
+        for it in run(ctx, controller, prompt, greedy, max_tokens, stats,
+                      RunOptions(stop_at_eog=False, draft_clock=clock)):
             out += it.tokens
             if it.arm != "prompt":
-                arm.steps.append((it.batch, it.seconds, it.forward_seconds, it.host_seconds))
+                arm.steps.append((it.batch, it.seconds - it.draft_seconds, it.forward_seconds, it.host_seconds))
         arm.tokens += stats.predicted_n - 1
-        arm.seconds += stats.predicted_ms / 1e3
+        arm.seconds += stats.predicted_ms / 1e3 - clock.measured
+        arm.flips += drafter.flips if arm.branches else 0
         return out
 
-    for prompt in prompts:
-        ctx.clear()
-        truth = [t for it in run(ctx, Plain(), prompt, greedy, max_tokens, None, RunOptions(stop_at_eog=False))
-                 for t in it.tokens]
-        for r in range(repeat):
-            for arm in configs if r % 2 == 0 else configs[::-1]:
-                out = once(arm, prompt, truth, r)
-                arm.identical += out == truth
-                arm.runs += 1
+    try:
+        for prompt in prompts:
+            ctx.clear()
+            truth = generate(ctx, prompt, max_tokens, greedy, stop_at_eog=False)
+            for r in range(repeat):
+                for arm in configs if r % 2 == 0 else configs[::-1]:
+                    out = once(arm, prompt, truth, r)
+                    arm.identical += out == truth
+                    arm.runs += 1
+    finally:
+        for c in follower:
+            c.close()
     return configs
 
 
@@ -296,7 +329,8 @@ def report(configs: list[Arm], rates: Sequence[float]) -> str:
         share = sum(s[2] for s in a.steps) / sum(s[1] for s in a.steps) if a.steps else 0.0
         rows.append(f"| {a.name} | {a.tokens_per_s:.1f} | {a.tokens_per_s / plain.tokens_per_s:.2f}× | "
                     f"{a.iterations_per_s:.1f} | {a.tokens / max(1, len(a.steps)):.2f} | "
-                    f"{a.median_ms(3):.3f} | {share:.0%} | {a.identical}/{a.runs} |")
+                    f"{a.median_ms(3):.3f} | {share:.0%} | {a.identical}/{a.runs}"
+                    f"{f' ({a.flips} near-ties flipped, followed)' if a.flips else ''} |")
     rows += ["", "| arm | batch | iterations | iteration ms | forward ms | host ms |", "|---|---:|---:|---:|---:|---:|"]
     for a in configs:
         for batch in sorted({s[0] for s in a.steps}):
