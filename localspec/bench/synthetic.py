@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -81,7 +81,7 @@ class SyntheticDrafter(Drafter):
     loop's); without, it drafts nothing more."""
 
     name = "synthetic"
-    AHEAD = 64  # tokens of a followed text's continuation decoded at a time
+    AHEAD = 32  # tokens of a followed text's continuation decoded at a time
 
     def __init__(self, truth: Sequence[int], rates: Sequence[float], n_vocab: int, branches: int = 1,
                  idle_every: int = 0, seed: int = 0,
@@ -191,7 +191,7 @@ def run_synthetic(engine: Engine, prompts: list[list[int]], rates: Sequence[floa
 
     def follow(context: list[int], n: int) -> list[int]:
         if not follower:
-            follower.append(Context(engine.model, ctx.config))
+            follower.append(Context(engine.model, replace(ctx.config, n_seq_max=1, shapes=())))
         return generate(follower[0], context, n, greedy, stop_at_eog=False)
 
     def once(arm: Arm, prompt: list[int], truth: list[int], r: int) -> list[int]:
