@@ -330,7 +330,7 @@ def report(configs: list[Arm], rates: Sequence[float]) -> str:
         rows.append(f"| {a.name} | {a.tokens_per_s:.1f} | {a.tokens_per_s / plain.tokens_per_s:.2f}× | "
                     f"{a.iterations_per_s:.1f} | {a.tokens / max(1, len(a.steps)):.2f} | "
                     f"{a.median_ms(3):.3f} | {share:.0%} | {a.identical}/{a.runs}"
-                    f"{f' ({a.flips} near-ties flipped, followed)' if a.flips else ''} |")
+                    f"{f' (near-tie flips followed: {a.flips})' if a.flips else ''} |")
     rows += ["", "| arm | batch | iterations | iteration ms | forward ms | host ms |", "|---|---:|---:|---:|---:|---:|"]
     for a in configs:
         for batch in sorted({s[0] for s in a.steps}):
