@@ -31,7 +31,9 @@ def test_a_moe_target_loads_as_one(moe_engine):
 
 
 # SmolLM2 shares the tiny MoE's tokenizer (random_gguf.py copies it): a draft model for it.
-@pytest.mark.parametrize("drafter", ["lookup", "suffix", "lookup@16", "auto", "draft:smollm2-135m-instruct"])
+# The draft model at a static K: the tiny target's forward costs less than the draft model's,
+# so a cost-aware draft model drafts or not by the timings of the moment (CI once saw none).
+@pytest.mark.parametrize("drafter", ["lookup", "suffix", "lookup@16", "auto", "draft:smollm2-135m-instruct@4"])
 def test_greedy_on_a_moe_target_is_plain_decodings(moe_engine, drafter):
     spec = DrafterSpec.parse(drafter)
     moe_engine.prepare(spec)
