@@ -19,6 +19,14 @@ _EMPTY_I = np.zeros(0, np.int32)
 _EMPTY_F = np.zeros(0, np.float32)
 
 
+def depths_of(parents: list[int]) -> list[int]:
+    """Each node's depth (the root's children at 1), for parents listed before children."""
+    depths: list[int] = []
+    for p in parents:
+        depths.append(1 if p < 0 else depths[p] + 1)
+    return depths
+
+
 @dataclass
 class DraftTree:
     """Nodes in topological order (parents[i] < i; -1 = the root, the last accepted token),
@@ -54,10 +62,7 @@ class DraftTree:
                          self.q_ids[:end], self.q_probs[:end])
 
     def depths(self) -> np.ndarray:
-        d: list[int] = []
-        for p in self.parents.tolist():
-            d.append(1 if p < 0 else d[p] + 1)
-        return np.asarray(d, np.int32)
+        return np.asarray(depths_of(self.parents.tolist()), np.int32)
 
     def has_child(self) -> np.ndarray:
         has = np.zeros(len(self), bool)

@@ -20,7 +20,7 @@ import time
 from localspec.llama.context import Context
 from localspec.llama.curve import CostCurve, CostModel
 from localspec.sampling import SamplingConfig
-from localspec.verify import DraftTree, Verdict
+from localspec.verify import DraftTree, Verdict, depths_of
 
 
 class Budget:
@@ -165,9 +165,7 @@ def rerank(parents: list[int], reach: list[float], n: int) -> tuple[list[int], l
     than its parent): the n likeliest nodes, which on ties keep the earlier node, so every kept
     node's parent is kept too. Returns their old indices in topological order (by depth, then
     likelihood) and their parents as new indices."""
-    depth: list[int] = []
-    for p in parents:
-        depth.append(1 if p < 0 else depth[p] + 1)
+    depth = depths_of(parents)
     keep = sorted(range(len(parents)), key=lambda i: -reach[i])[:n]
     order = sorted(keep, key=lambda i: (depth[i], -reach[i]))
     index = {old: new for new, old in enumerate(order)}

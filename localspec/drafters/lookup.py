@@ -8,7 +8,7 @@ import numpy as np
 from localspec import _native
 from localspec.drafters.base import Budget, Drafter
 from localspec.sampling import SamplingConfig
-from localspec.verify import DraftTree
+from localspec.verify import DraftTree, depths_of
 
 
 class LookupDrafter(Drafter):
@@ -139,12 +139,10 @@ class MatchAcceptance:
         bucket = self._bucket(n_match)
         rates, bin_of = self.rates(bucket).tolist(), self.bin_of
         parent_list = parents.tolist()
-        depths, along = [], [1.0]  # along[d]: the chance the text follows the draft to depth d
-        for p in parent_list:  # parents come first: a node is at most one deeper than any before
-            d = 1 if p < 0 else depths[p] + 1
-            depths.append(d)
-            if d == len(along):
-                along.append(along[-1] * rates[bin_of[d - 1]])
+        depths = depths_of(parent_list)
+        along = [1.0]  # along[d]: the chance the text follows the draft to depth d
+        for d in range(max(depths)):
+            along.append(along[-1] * rates[bin_of[d]])
         share = 1.0 / n_occurrences
         reach = np.array([c * share * along[d] for c, d in zip(counts.tolist(), depths)])
         children = {(p, t): i for i, (p, t) in enumerate(zip(parent_list, tokens.tolist()))}
