@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from localspec.llama import Context
-from localspec.llama.context import ContextConfig
+from localspec.llama.context import ContextConfig, hidden_rows
 from localspec.llama.curve import CostCurve
 from localspec.llama.text import TextStream, chat_tokens, complete_utf8_prefix
 from localspec.loop import generate
@@ -111,6 +111,17 @@ def test_logits_and_hidden_are_views_into_llama_buffers(small_model):
         addr = llama_cpp.llama_get_logits_ith(ctx.ptr, row)
         assert logits.ctypes.data == ctypes.cast(addr, ctypes.c_void_p).value
         assert not logits.flags.owndata and np.isfinite(hidden).all()
+
+
+def test_hidden_rows_are_the_rows_hidden_states(small_model):
+    """A verified batch's rows in one view (what Jakiro commits an iteration), equal to reading
+    them row by row."""
+    with Context(small_model, ContextConfig(n_ctx=256, embeddings=True)) as ctx:
+        tokens = small_model.tokenize("def add(a, b):\n    return a + b\n")
+        ctx.decode(tokens, range(len(tokens)), outputs=[True] * len(tokens))
+        block = hidden_rows(ctx, 2, len(tokens) - 3)
+        assert block.shape == (len(tokens) - 3, small_model.n_embd) and not block.flags.owndata
+        np.testing.assert_array_equal(block, np.stack([ctx.hidden(r) for r in range(2, len(tokens) - 1)]))
 
 
 @pytest.mark.parametrize("which", ["small", pytest.param("qwen", marks=pytest.mark.slow)])

@@ -14,7 +14,7 @@ from localspec.drafters.files import check_target, read_config
 from localspec.drafters.jakiro_config import JakiroConfig
 from localspec.errors import LocalspecError
 from localspec.llama import gguf
-from localspec.llama.context import common_prefix
+from localspec.llama.context import common_prefix, hidden_rows
 from localspec.llama.curve import CostCurve
 from localspec.llama.model import Model
 from localspec.sampling import SamplingConfig
@@ -90,8 +90,10 @@ class JakiroRuntime:
             grow = max(need, 2 * len(self.features))
             self.features = np.resize(self.features, (grow, self.features.shape[1]))
             self.known = np.concatenate([self.known, np.zeros(grow - len(self.known), bool)])
-        for i, row in enumerate(rows):
-            self.features[first_pos + i] = ctx.hidden(row)
+        if rows == list(range(rows[0], rows[0] + len(rows))):
+            self.features[first_pos:need] = hidden_rows(ctx, rows[0], len(rows))
+        else:
+            self.features[first_pos:need] = [ctx.hidden(r) for r in rows]
         self.known[first_pos:need] = True
         self.known[need:] = False
         if first_pos > len(self.context):  # positions in between hold no known feature

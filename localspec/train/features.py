@@ -16,7 +16,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from localspec.llama.context import Context, ContextConfig
+from localspec.llama.context import Context, ContextConfig, hidden_rows
 from localspec.llama.model import Model
 from localspec.errors import LocalspecError
 from localspec.progress import progress_bar
@@ -128,6 +128,5 @@ def hidden_states(ctx: Context, tokens: np.ndarray) -> np.ndarray:
     for start in range(0, len(tokens), step):
         chunk = tokens[start:start + step]
         ctx.decode(chunk, range(start, start + len(chunk)), outputs=[True] * len(chunk))
-        for row in range(len(chunk)):
-            out[start + row] = ctx.hidden(row)
+        out[start:start + len(chunk)] = hidden_rows(ctx, 0, len(chunk))
     return out
