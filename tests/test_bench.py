@@ -125,6 +125,10 @@ def test_bench_plans_and_prices_on_another_machines_curve(small_path, tmp_path):
     result = json.loads(out.read_text())
     plain, lookup = result["configs"]
     assert plain["projected_speedup"] == 1.0 and lookup["projected_speedup"] > 0
+    # where the projected seconds go, adding up to the speedup (the same tokens, both runs)
+    plain_ms, lookup_ms = plain["projected_ms"], lookup["projected_ms"]
+    assert plain_ms["drafters"] == 0 and plain_ms["forwards"] > plain_ms["host"] > 0
+    assert sum(plain_ms.values()) / sum(lookup_ms.values()) == pytest.approx(lookup["projected_speedup"])
     assert lookup["identical"] == 1 and result["meta"]["projected_on"] == str(curve)
     assert result["meta"]["drafts_priced_on"] == str(curve)
     assert set(plain["ran"]) == {"plain"} and set(lookup["ran"]) == {"lookup"}  # iterations per arm

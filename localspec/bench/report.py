@@ -91,6 +91,7 @@ def to_json(configs: list[Config], meta: dict, projected_on=None) -> dict:
         "name": c.name, "drafter": c.drafter, "tokens_per_s": c.tokens_per_s,
         "speedup": _speedup(c, base), "speedup_95": speedup_interval(c, configs[0]) if i else None,
         "projected_speedup": projected[i],
+        "projected_ms": projected_on and {k: 1e3 * v for k, v in c.projected_seconds(projected_on).items()},
         "tau": c.tau, "acceptance": c.acceptance, "host_ms": c.host_ms,
         "host_ms_by_batch": c.by_batch("host"), "iteration_ms_by_batch": c.by_batch("iteration"),
         "forward_ms_by_batch": c.by_batch("forward"), "forward_share": c.forward_share,

@@ -118,9 +118,15 @@ class Config:
         its context (another machine's curve, say), with the drafters' forwards on their clock
         and the host's time per iteration measured here: the same drafts and acceptance, that
         machine's forwards."""
-        seconds = sum(there(curve, it.batch, it.context, it.host + it.draft)
-                      for r in self.ok_runs for it in r.iterations)
+        seconds = sum(self.projected_seconds(curve).values())
         return self.total("n_timed") / seconds if seconds else 0.0
+
+    def projected_seconds(self, curve: CostModel) -> dict[str, float]:
+        """projected_tokens_per_s's seconds by where they go: the target's forwards priced on
+        `curve`, the host's time, the drafters' own forwards."""
+        its = [it for r in self.ok_runs for it in r.iterations]
+        return {"forwards": sum(there(curve, it.batch, it.context, 0.0) for it in its),
+                "host": sum(it.host for it in its), "drafters": sum(it.draft for it in its)}
 
 
 def prompt_tokens(engine: Engine, p: Prompt) -> list[int]:
