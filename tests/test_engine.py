@@ -122,6 +122,7 @@ def test_hidden_rows_are_the_rows_hidden_states(small_model):
         block = hidden_rows(ctx, 2, len(tokens) - 3)
         assert block.shape == (len(tokens) - 3, small_model.n_embd) and not block.flags.owndata
         np.testing.assert_array_equal(block, np.stack([ctx.hidden(r) for r in range(2, len(tokens) - 1)]))
+        assert hidden_rows(ctx, 0, 0).shape == (0, small_model.n_embd)
 
 
 @pytest.mark.parametrize("which", ["small", pytest.param("qwen", marks=pytest.mark.slow)])

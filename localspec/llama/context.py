@@ -413,8 +413,10 @@ def hidden_rows(ctx: Context, first: int, n: int) -> np.ndarray:
     """ctx.hidden() of batch rows first, ..., first + n - 1 as one (n, n_embd) view where
     llama.cpp keeps them side by side (a view per row costs about 20 µs; a copied text commits
     20 rows an iteration)."""
+    if n == 0:
+        return np.empty((0, ctx.model.n_embd), np.float32)
     head, tail = (ctypes.cast(ll.llama_get_embeddings_ith(ctx.ptr, r), ctypes.c_void_p).value
                   for r in (first, first + n - 1))
-    if n and head and tail and tail - head == 4 * (n - 1) * ctx.model.n_embd:
+    if head and tail and tail - head == 4 * (n - 1) * ctx.model.n_embd:
         return np.ctypeslib.as_array(ll.llama_get_embeddings_ith(ctx.ptr, first), shape=(n, ctx.model.n_embd))
     return np.stack([ctx.hidden(r) for r in range(first, first + n)])
