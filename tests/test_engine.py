@@ -119,10 +119,10 @@ def test_hidden_rows_are_the_rows_hidden_states(small_model):
     with Context(small_model, ContextConfig(n_ctx=256, embeddings=True)) as ctx:
         tokens = small_model.tokenize("def add(a, b):\n    return a + b\n")
         ctx.decode(tokens, range(len(tokens)), outputs=[True] * len(tokens))
-        block = hidden_rows(ctx, 2, len(tokens) - 3)
+        block = hidden_rows(ctx, range(2, len(tokens) - 1))
         assert block.shape == (len(tokens) - 3, small_model.n_embd) and not block.flags.owndata
         np.testing.assert_array_equal(block, np.stack([ctx.hidden(r) for r in range(2, len(tokens) - 1)]))
-        assert hidden_rows(ctx, 0, 0).shape == (0, small_model.n_embd)
+        assert hidden_rows(ctx, []).shape == (0, small_model.n_embd)
 
 
 @pytest.mark.parametrize("which", ["small", pytest.param("qwen", marks=pytest.mark.slow)])

@@ -90,10 +90,7 @@ class JakiroRuntime:
             grow = max(need, 2 * len(self.features))
             self.features = np.resize(self.features, (grow, self.features.shape[1]))
             self.known = np.concatenate([self.known, np.zeros(grow - len(self.known), bool)])
-        if rows and rows != list(range(rows[0], rows[0] + len(rows))):
-            self.features[first_pos:need] = [ctx.hidden(r) for r in rows]
-        else:  # the loop's and the prompt's rows: one run of batch rows
-            self.features[first_pos:need] = hidden_rows(ctx, rows[0] if rows else 0, len(rows))
+        self.features[first_pos:need] = hidden_rows(ctx, rows)
         self.known[first_pos:need] = True
         self.known[need:] = False
         if first_pos > len(self.context):  # positions in between hold no known feature

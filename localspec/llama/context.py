@@ -409,14 +409,16 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def hidden_rows(ctx: Context, first: int, n: int) -> np.ndarray:
-    """ctx.hidden() of batch rows first, ..., first + n - 1 as one (n, n_embd) view where
-    llama.cpp keeps them side by side (a view per row costs about 20 µs; a copied text commits
-    20 rows an iteration)."""
+def hidden_rows(ctx: Context, rows: Sequence[int]) -> np.ndarray:
+    """ctx.hidden() of these batch rows, (len(rows), n_embd): one view where they are a run
+    that llama.cpp keeps side by side (a view per row costs about 20 µs; a copied text commits
+    20 rows an iteration), else row by row."""
+    n = len(rows)
     if n == 0:
         return np.empty((0, ctx.model.n_embd), np.float32)
-    head, tail = (ctypes.cast(ll.llama_get_embeddings_ith(ctx.ptr, r), ctypes.c_void_p).value
-                  for r in (first, first + n - 1))
-    if head and tail and tail - head == 4 * (n - 1) * ctx.model.n_embd:
-        return np.ctypeslib.as_array(ll.llama_get_embeddings_ith(ctx.ptr, first), shape=(n, ctx.model.n_embd))
-    return np.stack([ctx.hidden(r) for r in range(first, first + n)])
+    ends = [ll.llama_get_embeddings_ith(ctx.ptr, r) for r in (rows[0], rows[-1])]
+    head, tail = (ctypes.cast(p, ctypes.c_void_p).value for p in ends)
+    if head and tail and tail - head == 4 * (n - 1) * ctx.model.n_embd and \
+            list(rows) == list(range(rows[0], rows[0] + n)):
+        return np.ctypeslib.as_array(ends[0], shape=(n, ctx.model.n_embd))
+    return np.stack([ctx.hidden(r) for r in rows])

@@ -128,5 +128,5 @@ def hidden_states(ctx: Context, tokens: np.ndarray) -> np.ndarray:
     for start in range(0, len(tokens), step):
         chunk = tokens[start:start + step]
         ctx.decode(chunk, range(start, start + len(chunk)), outputs=[True] * len(chunk))
-        out[start:start + len(chunk)] = hidden_rows(ctx, 0, len(chunk))
+        out[start:start + len(chunk)] = hidden_rows(ctx, range(len(chunk)))
     return out
