@@ -37,6 +37,10 @@ class Controller(Protocol):
 
     def record(self, tokens: int, seconds: float, drafted: int, accepted: int) -> None: ...
 
+    def listening(self, drafter: Drafter) -> bool:
+        """Does this feature drafter need the target's hidden states of what is committed
+        now (False: it will not be asked for a while, and can resume without them)?"""
+
 
 @dataclass
 class Stats:
@@ -170,7 +174,7 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
     stats = stats if stats is not None else Stats()
     prompt = list(prompt)
     sampler, followers = begin(ctx, controller, prompt, sampling, options.tie_bound)
-    commit = functools.partial(commit_features, ctx, followers) if followers else None
+    commit = functools.partial(commit_features, ctx, controller, followers) if followers else None
     window = max((d.feature_window for d in followers), default=1)
     reused, last = ctx.prefill(prompt, window, commit, options.progress)
     max_tokens = min(max_tokens, ctx.n_ctx - len(prompt) + 1)  # stop where the context ends
@@ -232,9 +236,11 @@ def begin(ctx: Context, controller: Controller, prompt: list[int], sampling: Sam
     return TokenSampler(sampling, prompt), [d for d in controller.drafters if d.feature_window]
 
 
-def commit_features(ctx: Context, followers: list[Drafter], first_pos: int, rows: list[int]) -> None:
+def commit_features(ctx: Context, controller: Controller, followers: list[Drafter], first_pos: int,
+                    rows: list[int]) -> None:
     for d in followers:
-        d.commit(ctx, first_pos, rows)
+        if controller.listening(d):
+            d.commit(ctx, first_pos, rows)
 
 
 def launch_flight(ctx: Context, controller: Controller, pending: list[int], room: int, clock: DraftClock | None,

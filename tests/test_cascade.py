@@ -7,12 +7,14 @@ import pytest
 from localspec.control.cascade import PLAIN, Cascade, CascadeConfig
 from localspec.control.controllers import CascadeController
 from localspec.drafters.draft_model import DraftModelDrafter, draft_context
+from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime
 from localspec.drafters.lookup import LookupDrafter
-from localspec.llama import Model
+from localspec.llama import Context, Model
+from localspec.llama.context import ContextConfig
 from localspec.verify import DraftTree
 
 from localspec.loop import run
-from test_speculative import FLAT, N_TOKENS, PROMPTS, GREEDY
+from test_speculative import FLAT, N_TOKENS, PROMPTS, GREEDY, plain
 
 T_BASE = 0.05  # seconds per plain iteration
 
@@ -250,3 +252,36 @@ def test_auto_greedy_identical_to_plain(target, reference, small_path):
             assert out == reference[p], p
             used |= {row.arm[0] for row in auto.cascade.trace}
     assert used == {"", "lookup", "draft"}
+
+
+def test_a_resting_feature_drafter_is_given_no_features_until_it_may_be_asked(small_path, small_model):
+    """auto over lookup and the Jakiro drafter that ships for SmolLM2, Jakiro resting at the
+    start (a back-off carried over from an earlier request): the loop commits none of the
+    target's features to it (a copy of the rows every iteration) until the test phase that
+    ends its back-off; then it is given them again, and its next trial drafts from them. The
+    output is plain decoding's throughout."""
+    from localspec import store
+    rt = JakiroRuntime(store.shipped_drafter(small_path), small_model, n_ctx=2048, n_threads=1)
+    handed_out, commits = [], []
+
+    class Counting(JakiroDrafter):
+        def commit(self, ctx, first_pos, rows):
+            commits.append(len(handed_out))  # the iteration being landed
+            super().commit(ctx, first_pos, rows)
+
+    auto = CascadeController({"lookup": LookupDrafter(), "jakiro": Counting(rt)}, FLAT, 8,
+                             CascadeConfig(explore_after=0, explore_share=float("inf")))
+    with Context(small_model, ContextConfig(n_ctx=2048, n_seq_max=8, n_threads=1, embeddings=True)) as ctx:
+        tokens = small_model.tokenize(PROMPTS[0])
+        expected = plain(ctx, tokens, 3 * N_TOKENS)
+        ctx.clear()
+        memory = auto.cascade.memory["jakiro"]
+        memory.losses, memory.skip = 1, 1  # sits out the first test phase (a request keeps it)
+        out = []
+        for it in run(ctx, auto, tokens, GREEDY, 3 * N_TOKENS):
+            handed_out.append(it)
+            out.extend(it.tokens)
+    assert out == expected
+    first_test = next(i for i, it in enumerate(handed_out) if it.phase.startswith("test"))
+    assert commits and min(commits) == first_test  # none in the prompt or the base phase
+    assert any(it.drafter == JakiroDrafter(rt).name and it.n_drafted for it in handed_out[first_test:])

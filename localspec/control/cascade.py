@@ -115,6 +115,12 @@ class Cascade:
         """The phase the next arm belongs to and its number in the request ("test 3")."""
         return f"{self._phase} {self._span}"
 
+    def resting(self, drafter: str) -> bool:
+        """Does `drafter` sit out the next test phase (so no arm of it runs before that phase
+        has ended)? The test phase that ends its back-off finds it resting no more, and the set
+        phase before its next trial finds it awake."""
+        return self.memory[drafter].skip > 0
+
     def shadow(self, drafter: str, tokens: int, cost: float) -> None:
         """Had `drafter` run the last decided plain iteration, it would have emitted `tokens`
         for `cost` plain iterations' time (its proposal checked against what plain decoding

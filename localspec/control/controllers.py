@@ -52,6 +52,9 @@ class Plain:
     def record(self, tokens: int, seconds: float, drafted: int, accepted: int) -> None:
         pass
 
+    def listening(self, drafter: Drafter) -> bool:
+        return True
+
 
 class Fixed(Plain):
     def __init__(self, drafter: Drafter, budget: Budget, label: str):
@@ -86,6 +89,7 @@ class CascadeController:
                  cfg: CascadeConfig = CascadeConfig(), sure_at: float = 1.3):
         self.members = members
         self.drafters = tuple(members.values())
+        self._names = {id(d): name for name, d in members.items()}
         self.curve, self.n_seq_max = curve, n_seq_max
         # Per drafter, accepted / drafted tokens: the cost curve turns it into a starting K.
         self.acceptance = {d: DecayingRatio(prior=0.5, decay=1.0) for d in members}
@@ -146,6 +150,12 @@ class CascadeController:
                 seconds -= self.members[name].t_catch_up
         self._previous = name
         self.cascade.record(tokens, seconds)
+
+    def listening(self, drafter: Drafter) -> bool:
+        """A feature drafter that Cascade rests (it sits out the next test phase) is not
+        given the target's features meanwhile, if it can resume without them: an iteration's
+        copy of them is host time on every iteration of a request it is not part of."""
+        return not (drafter.rests and self.cascade.resting(self._names[id(drafter)]))
 
     def _score_shadows(self, context: list[int]) -> None:
         """Report to Cascade each watched proposal whose outcome the context now decides."""

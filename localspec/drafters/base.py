@@ -129,6 +129,10 @@ class Drafter:
     # > 0: the drafter reads the target's hidden states (Jakiro): of this many of the prompt's
     # last positions, and of every position committed after them.
     feature_window = 0
+    # A feature drafter that drafts again from whatever features it is given after a gap (a
+    # fresh cache at the first position it knows): the controller may stop committing to it
+    # while it will not be asked, which saves the copy of every iteration's rows.
+    rests = False
     # Drafts at no cost (prompt lookup): Cascade may watch what it would have proposed while
     # plain decoding runs.
     free = False

@@ -149,6 +149,7 @@ class JakiroDrafter(Drafter):
     per depth, `branch` tokens per branch, then EAGLE-2 reranking to the best nodes."""
 
     feature_window = 128  # prompt tokens whose target features seed the drafter's cache
+    rests = True  # catch_up starts a fresh cache after a gap in the features
 
     def __init__(self, runtime: JakiroRuntime, width: int = 4, branch: int = 2,
                  cepd: bool = True, heads: dict | None = None, head_required: bool = False):
