@@ -140,23 +140,20 @@ def jakiro_head(tmp_path_factory, small_path):
     return drafter, convert_checkpoint(train_head(cfg), out / "jakiro-head.gguf")
 
 
-def _recording(cls):
-    """A drafter that keeps the reach of every tree it proposes."""
-    class Recording(cls):
-        def propose(self, context, budget):
-            tree = super().propose(context, budget)
-            self.__dict__.setdefault("reaches", []).append(tree.reach.copy())
-            return tree
-    return Recording
-
-
 def test_jakiro_head_on_branch_features(jakiro_head, small_path, small_model, target, reference):
     """Data from the drafter's two branch features (teacher-forced on the target's), a head
     that reads them, refused for a draft model of the same width and accepted by the runtime;
     drafting with it keeps greedy output and builds every branch token's reach from it."""
     from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime
     from localspec.train.acceptance import PARTS
-    Recording = _recording(JakiroDrafter)
+    reaches = {}  # drafter -> the reach of every tree it proposed
+
+    class Recording(JakiroDrafter):
+        def propose(self, context, budget):
+            tree = super().propose(context, budget)
+            reaches.setdefault(self, []).append(tree.reach.copy())
+            return tree
+
     drafter_path, path = jakiro_head
     meta, _ = read_head_gguf(path)
     assert meta["drafter_kind"] == "jakiro" and meta["d_model"] == small_model.n_embd
@@ -179,7 +176,7 @@ def test_jakiro_head_on_branch_features(jakiro_head, small_path, small_model, ta
     assert stats["head"].draft_n > 0 and stats["head"].draft_n_accepted > 0
     # The head, not the drafter's q, gives the reach: the first tree (the same context for
     # both) is scored differently, whether or not that changes which nodes are kept.
-    first_head, first_q = with_head.reaches[0], without.reaches[0]
+    first_head, first_q = reaches[with_head][0], reaches[without][0]
     assert len(first_head) and len(first_q)
     n = min(len(first_head), len(first_q))
     assert not np.allclose(first_head[:n], first_q[:n])

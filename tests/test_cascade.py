@@ -285,4 +285,4 @@ def test_a_resting_feature_drafter_is_given_no_features_until_it_may_be_asked(sm
     assert out == expected
     # None in the prompt or the base phase: from the first test phase on (its back-off ends there).
     assert commits and min(commits) == cfg.base_len
-    assert any(it.drafter == JakiroDrafter(rt).name and it.n_drafted for it in handed_out)
+    assert any(it.drafter == auto.members["jakiro"].name and it.n_drafted for it in handed_out)
