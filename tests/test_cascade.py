@@ -254,20 +254,26 @@ def test_auto_greedy_identical_to_plain(target, reference, small_path):
     assert used == {"", "lookup", "draft"}
 
 
-def test_a_resting_feature_drafter_is_given_no_features_until_it_may_be_asked(small_path, small_model):
+def test_a_resting_feature_drafter_is_given_features_only_where_it_may_be_asked_next(small_path, small_model):
     """auto over lookup and the Jakiro drafter that ships for SmolLM2, Jakiro resting at the
     start (a back-off carried over from an earlier request): the loop commits none of the
-    target's features to it (a copy of the rows every iteration) until the test phase that
-    ends its back-off; then it is given them again, and its next trial drafts from them. The
-    output is plain decoding's throughout."""
+    target's features to it (a copy of the rows every iteration) in the prompt, the base
+    phase or the test phase it sits out, only from the iteration before one of its arms may
+    run; yet whenever it is asked it has the feature it drafts from. The output is plain
+    decoding's throughout."""
     from localspec import store
     rt = JakiroRuntime(store.shipped_drafter(small_path), small_model, n_ctx=2048, n_threads=1)
-    handed_out, commits = [], []
+    handed_out, commits, ready = [], [], []
 
     class Counting(JakiroDrafter):
         def commit(self, ctx, first_pos, rows):
             commits.append(len(auto.cascade.trace))  # iterations Cascade has heard of
             super().commit(ctx, first_pos, rows)
+
+        def propose(self, context, budget):
+            last = len(context) - 2  # the root's predecessor, whose feature it drafts from
+            ready.append(last < len(self.rt.known) and bool(self.rt.known[last]))
+            return super().propose(context, budget)
 
     # Short phases, no prediction gate: Jakiro's trial comes early in the request.
     cfg = CascadeConfig(set_len=4, max_set_len=4, max_trials=2, explore_after=0, explore_share=float("inf"))
@@ -283,6 +289,9 @@ def test_a_resting_feature_drafter_is_given_no_features_until_it_may_be_asked(sm
             handed_out.append(it)
             out.extend(it.tokens)
     assert out == expected
-    # None in the prompt or the base phase: from the first test phase on (its back-off ends there).
-    assert commits and min(commits) == cfg.base_len
+    # None in the prompt, the base phase or the first test phase (its back-off ends there).
+    first_set = next(i for i, row in enumerate(auto.cascade.trace) if row.phase == "set")
+    assert commits and min(commits) >= first_set
+    assert len(commits) < len(handed_out) - 1
+    assert ready and all(ready)
     assert any(it.drafter == auto.members["jakiro"].name and it.n_drafted for it in handed_out)

@@ -104,6 +104,7 @@ class Cascade:
         self.last_set = PLAIN  # the arm of the last set phase
         self.trace: list[TraceRow] = []  # this request's iterations
         self._span = -1
+        self._testing: set[str] = set()  # the drafters the running test phase tries
         self._plan = self._run()
         self.arm = next(self._plan)
 
@@ -115,11 +116,20 @@ class Cascade:
         """The phase the next arm belongs to and its number in the request ("test 3")."""
         return f"{self._phase} {self._span}"
 
-    def resting(self, drafter: str) -> bool:
-        """Does `drafter` sit out the next test phase (so no arm of it runs before that phase
-        has ended)? The test phase that ends its back-off finds it resting no more, and the set
-        phase before its next trial finds it awake."""
-        return self.memory[drafter].skip > 0
+    def may_ask_next(self, drafter: str) -> bool:
+        """Could the iteration after the one running now (`next_arm()`'s) be one of
+        `drafter`'s, by what Cascade knows before hearing how this one went? Yes while its own
+        arm runs or a test phase that tries it; and where this iteration may end its phase (its
+        last planned one, a speculative set phase's window, a plain one a watched drafter's
+        shadows may end) unless it sits out the next test phase."""
+        if self.arm[0] == drafter:
+            return True
+        if self._phase == "test":  # another trial follows, or a set phase of a tried arm
+            return drafter in self._testing
+        i, n, chosen_at = self._at
+        may_end = i == n or bool(chosen_at) and i % self.cfg.trial == 0 or \
+            self.arm == PLAIN and self._phase == "set" and self._waking() is not None
+        return may_end and not self.memory[drafter].skip
 
     def shadow(self, drafter: str, tokens: int, cost: float) -> None:
         """Had `drafter` run the last decided plain iteration, it would have emitted `tokens`
@@ -147,9 +157,11 @@ class Cascade:
         first = len(self.trace)
         window = self.cfg.trial
         for i in range(1, n + 1):
+            self._at = (i, n, chosen_at)
             t, s = yield arm
             tokens, seconds = tokens + t, seconds + s
-            if arm == PLAIN and phase == "set" and self._woken():
+            if arm == PLAIN and phase == "set" and (woken := self._waking()) is not None:
+                self.memory[woken].skip = self.memory[woken].losses = 0  # its back-off is over
                 break
             if chosen_at and i % window == 0 and i < n:
                 recent = self.trace[-window:]
@@ -196,6 +208,7 @@ class Cascade:
         # The most promising first: if there are more drafters than trials, the rest wait.
         candidates.sort(key=lambda d: -max(self.memory[d].utility.values(), default=float("inf")))
         candidates = candidates[:cfg.max_trials]
+        self._testing = set(candidates)
         for d in candidates:
             arm = (d, self.k_start(d))
             tried[arm] = yield from self._trial(arm)
@@ -227,16 +240,15 @@ class Cascade:
         self.set_len = min(2 * self.set_len, cfg.max_set_len) if confirmed else cfg.set_len
         return best, tried[best]
 
-    def _woken(self) -> bool:
-        """Did a watched drafter's last `trial` shadow iterations of this phase clearly pay
-        (by `converge`, as a trial would have to)? Then its back-off is over."""
+    def _waking(self) -> str | None:
+        """A watched drafter whose last `trial` shadow iterations of this phase clearly paid
+        (by `converge`, as a trial would have to), if any."""
         n = self.cfg.trial
         for d, rows in self._shadows.items():
             if len(rows) >= n and sum(t for t, _ in rows[-n:]) >= \
                     (1.0 + self.cfg.converge) * sum(c for _, c in rows[-n:]):
-                self.memory[d].skip = self.memory[d].losses = 0
-                return True
-        return False
+                return d
+        return None
 
     def _lose(self, m: _DrafterMemory) -> None:
         m.losses += 1

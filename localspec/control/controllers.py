@@ -108,6 +108,7 @@ class CascadeController:
         self.cascade.new_request()
         self._shadows = []
         self._previous = ""
+        self._sure = None
 
     def choose(self, context: list[int], room: int) -> Choice | None:
         self._context = context
@@ -152,10 +153,15 @@ class CascadeController:
         self.cascade.record(tokens, seconds)
 
     def listening(self, drafter: Drafter) -> bool:
-        """A feature drafter that Cascade rests (it sits out the next test phase) is not
-        given the target's features meanwhile, if it can resume without them: an iteration's
-        copy of them is host time on every iteration of a request it is not part of."""
-        return not (drafter.rests and self.cascade.resting(self._names[id(drafter)]))
+        """A feature drafter that can resume after a gap is given the target's features of
+        this iteration only if the next may ask it to draft (an iteration's copy of them is
+        host time on every iteration of a request it is not part of): after an iteration run
+        outside Cascade, if the arm Cascade waits with is its own; else if Cascade may run one
+        of its arms next."""
+        if not drafter.rests:
+            return True
+        name = self._names[id(drafter)]
+        return self.cascade.arm[0] == name if self._sure else self.cascade.may_ask_next(name)
 
     def _score_shadows(self, context: list[int]) -> None:
         """Report to Cascade each watched proposal whose outcome the context now decides."""

@@ -119,6 +119,8 @@ class JakiroRuntime:
             self._rollback(self.start + ok)
         if last < 0 or last >= len(self.known) or not self.known[last]:
             return None
+        if self.slots and not self.known[self.start + len(self.slots):last + 1].all():
+            self._rollback(self.start)  # a gap since the cache's last slot: start afresh
         if not self.slots:  # a fresh cache starts at the first position with a known feature
             first = last
             while first > 0 and self.known[first - 1] and last - first + 1 < window:
@@ -128,10 +130,6 @@ class JakiroRuntime:
         if begin > last:
             # Already processed: replay the last position (cheap) to get its outputs.
             self._rollback(last)
-            begin = last
-        if not self.known[begin:last + 1].all():
-            self._rollback(self.start)
-            self.start = last
             begin = last
         pos = np.arange(begin, last + 1)
         n = len(pos)
