@@ -199,6 +199,21 @@ def test_a_drafter_predicted_not_to_pay_is_explored_within_a_share_of_the_time()
 
 
 @pytest.mark.unit
+def test_the_baseline_carries_over_requests_until_it_is_due():
+    """A request after the first goes straight to its trials: the plain baseline measured in
+    the first carries over (measured at every request's start, it cost short requests their
+    first plain iterations), until `base_every` iterations after it was measured."""
+    cfg = CascadeConfig()
+    cascade = Cascade(["lookup"], cfg)
+    simulate(cascade, lambda arm, i: 2.0, 20)
+    assert [row.phase for row in cascade.trace[:cfg.base_len + 1]] == ["base"] * cfg.base_len + ["test"]
+    cascade.new_request()
+    assert cascade.next_arm() != PLAIN and cascade.phase.startswith("test")
+    simulate(cascade, lambda arm, i: 2.0, cfg.base_every + cfg.max_set_len)  # the set phase may run past it
+    assert "base" in {row.phase for row in cascade.trace}  # due again, within this request
+
+
+@pytest.mark.unit
 def test_starts_from_the_predicted_k():
     cascade = Cascade(["lookup"], predict_k=lambda d: 9)
     simulate(cascade, lambda arm, i: 1.2, CascadeConfig().base_len)

@@ -126,21 +126,24 @@ def chart(configs: list[Config], title: str, path: Path) -> None:
     plt.close(fig)
 
 
-def phase_utilities(iterations: list) -> list[float]:
-    """Per iteration (loop.Iteration), the utility of the phase it belonged to, as Cascade
-    measures it: the phase's tokens per second against plain decoding's (its latest plain
-    phase before; NaN until there is one)."""
-    out, t_base, i = [], float("nan"), 0
-    while i < len(iterations):
-        j = i
-        while j < len(iterations) and iterations[j].phase == iterations[i].phase:
-            j += 1
-        tokens = sum(len(it.tokens) for it in iterations[i:j])
-        seconds = sum(it.seconds for it in iterations[i:j])
-        if iterations[i].arm == "plain" and tokens:
-            t_base = seconds / tokens
-        out += [tokens / seconds * t_base if seconds > 0 else float("nan")] * (j - i)
-        i = j
+def phase_utilities(requests: list[list]) -> list[float]:
+    """Per iteration (loop.Iteration) of these requests in turn, the utility of the phase it
+    belonged to, as Cascade measures it: the phase's tokens per second against plain
+    decoding's (its latest plain phase before, in this request or an earlier one, as Cascade
+    carries it; NaN until there is one)."""
+    out, t_base = [], float("nan")
+    for iterations in requests:
+        i = 0
+        while i < len(iterations):
+            j = i
+            while j < len(iterations) and iterations[j].phase == iterations[i].phase:
+                j += 1
+            tokens = sum(len(it.tokens) for it in iterations[i:j])
+            seconds = sum(it.seconds for it in iterations[i:j])
+            if iterations[i].arm == "plain" and tokens:
+                t_base = seconds / tokens
+            out += [tokens / seconds * t_base if seconds > 0 else float("nan")] * (j - i)
+            i = j
     return out
 
 
@@ -154,7 +157,7 @@ def trace_chart(requests: list[list], title: str, path: Path) -> None:
 
     requests = [[it for it in its if it.arm != "prompt"] for its in requests]  # Cascade's iterations
     rows = [it for its in requests for it in its]
-    utility = [u for its in requests for u in phase_utilities(its)]
+    utility = phase_utilities(requests)
     arms = [("", 0) if it.arm == "plain" else (it.arm.rsplit("@", 1)[0], int(it.arm.rsplit("@", 1)[1]))
             for it in rows]
     x = range(len(rows))

@@ -86,20 +86,22 @@ class Cascade:
         self.trial_cost = trial_cost or (lambda d: 0.0)  # seconds a trial loses against plain
         self.memory = {d: _DrafterMemory() for d in self.drafters}
         self.decoded = self.explored = 0.0  # seconds recorded, and predicted lost exploring
+        self.t_base = 0.0  # seconds per token of plain decoding, measured at iteration base_at
+        self.iteration = self.base_at = 0
         self.new_request()
 
     # --- the caller's side -------------------------------------------------------------------
 
     def new_request(self) -> None:
-        """Start a request: measure the baseline again, reset the set length. Of what was
-        learnt about each drafter, its best K (the next start) and its back-off carry over;
-        the rest of its landscape is the last request's and is forgotten."""
+        """Start a request: reset the set length. Of what was learnt about each drafter, its
+        best K (the next start) and its back-off carry over; the rest of its landscape is the
+        last request's and is forgotten. The baseline carries over until `base_every`
+        iterations after it was measured: measuring it again at the start of every request
+        cost short requests (a chat turn, an edit) their first plain iterations."""
         for m in self.memory.values():
             if m.utility:
                 k = max(m.utility, key=m.utility.get)
                 m.utility = {k: m.utility[k]}
-        self.t_base = 0.0
-        self.iteration = self.base_at = 0
         self.set_len = self.cfg.set_len
         self.last_set = PLAIN  # the arm of the last set phase
         self.trace: list[TraceRow] = []  # this request's iterations
@@ -177,9 +179,8 @@ class Cascade:
         return u
 
     def _run(self) -> Generator[Arm, tuple, None]:
-        yield from self._iterations(PLAIN, self.cfg.base_len, "base")
         while True:
-            if self.iteration - self.base_at >= self.cfg.base_every:
+            if not self.t_base or self.iteration - self.base_at >= self.cfg.base_every:
                 yield from self._iterations(PLAIN, self.cfg.base_len, "base")
             best, chosen_at = yield from self._test()
             u = yield from self._iterations(best, self.set_len, "set", chosen_at if best != PLAIN else 0.0)
