@@ -179,8 +179,14 @@ class CascadeController:
         accepted at this drafter's measured rate a, cost its drafting time t per token, after
         catching up with the context once (c seconds): per iteration
         (1 + a + ... + a^K) / (cost(1 + K) + K t + c / trial), against 1 / cost(1) for plain
-        decoding; 0 when no K beats plain. A drafter that drafts for free (prompt lookup) is
-        never predicted out: its trials judge it."""
+        decoding; 0 when no K beats plain. One that costs nothing (as far as it has been
+        timed) is never predicted out: its trials judge it. A drafter that drafts for free
+        (prompt lookup) starts at the largest K: its proposals are sized by the curve from its
+        own estimates already, which a cap could only cut (climbing K from a small start cost
+        humaneval-warm a dozen trials a request); a climb down still finds a cap where its
+        estimates run high."""
+        if self.members[name].free:
+            return len(self._curve.seconds) - 1
         ks, gain, cost, free = self._trial_terms(name)
         rate = gain / cost
         best = int(np.argmax(rate))

@@ -282,8 +282,11 @@ class SuffixDrafter(Drafter):
     free = True  # a lookup and a binary search: Cascade may watch it while plain decoding runs
 
     def __init__(self, store: SuffixStore, max_match: int = 32, max_depth: int = 63,
-                 alpha: float = 2.0, min_share: float = 0.1):
+                 alpha: float = 2.0, min_share: float = 0.1, own_first: float = 1.3):
+        """`own_first`: a draft from the request's own context this sure of itself (its
+        expected speedup) is taken without searching the store."""
         self.store = store
+        self.own_first = own_first
         self.lookup = LookupDrafter()  # the request's own context
         self.max_match = min(max_match, _native.SuffixStore.depth - 1)
         self.max_depth, self.alpha, self.min_share = max_depth, alpha, min_share
@@ -296,6 +299,11 @@ class SuffixDrafter(Drafter):
     def propose(self, context: list[int], budget: Budget) -> DraftTree:
         self.acceptance.start(context)
         own = self.lookup.propose(context, budget)
+        if budget.speedup(own) >= self.own_first:
+            # The request is copying its own text (an edit, a file it quotes): that is
+            # fresher than any stored document, where an earlier version of the same code
+            # matches as long and then goes stale at the edit.
+            return own
         stored = self._from_store(context, budget)
         return max(own, stored, key=budget.speedup)
 
