@@ -6,11 +6,13 @@ import pytest
 
 from localspec.control.cascade import PLAIN, Cascade, CascadeConfig
 from localspec.control.controllers import CascadeController
+from localspec.drafters.base import Drafter
 from localspec.drafters.draft_model import DraftModelDrafter, draft_context
 from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime
 from localspec.drafters.lookup import LookupDrafter
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig
+from localspec.llama.curve import CostCurve
 from localspec.verify import DraftTree
 
 from localspec.loop import run
@@ -218,6 +220,22 @@ def test_starts_from_the_predicted_k():
     cascade = Cascade(["lookup"], predict_k=lambda d: 9)
     simulate(cascade, lambda arm, i: 1.2, CascadeConfig().base_len)
     assert cascade.next_arm() == ("lookup", 8)  # the ladder's nearest K
+
+
+@pytest.mark.unit
+def test_a_free_drafter_starts_uncapped_a_timed_one_at_its_predicted_k():
+    """Prompt lookup's proposals are sized by the curve already: its first trial is at the
+    largest K (a cap could only cut them). A drafter with a cost starts where the curve and
+    its acceptance predict."""
+
+    class Costly(Drafter):
+        def drafting_seconds(self, context, curve):
+            return 0.01, 0.0
+
+    curve = CostCurve([0.1 * (1 + 0.05 * n) for n in range(64)], 0)
+    auto = CascadeController({"lookup": LookupDrafter(), "model": Costly()}, curve, 8)
+    assert auto.cascade.k_start("lookup") == CascadeConfig().ladder[-1]
+    assert 1 <= auto.cascade.k_start("model") < CascadeConfig().ladder[-1]
 
 
 class Copying(LookupDrafter):

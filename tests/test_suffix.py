@@ -98,6 +98,24 @@ def test_store_drafts_learn_from_proposals_nobody_verified():
 
 
 @pytest.mark.unit
+def test_a_sure_draft_from_the_requests_own_text_skips_the_store():
+    """A request copying its own text (an edit of the code it quotes) drafts from that text
+    without searching the store, where an earlier version of the code matches as long and
+    then goes stale at the edit; a request whose own text gives no sure draft searches it."""
+    code = list(range(2000, 2040))
+    store = SuffixStore(None, KEY)
+    store.add([1] + code[:20] + [9999] + code[21:])  # the earlier version, edited at token 20
+    curve = CostCurve(seconds=[1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7], n_context=0)
+    budget = Budget(curve, n_seq_max=4)
+    for context, own in (([5, 6] + code + [7, 8] + code[:10], True), ([5, 6] + code[:10], False)):
+        drafter = SuffixDrafter(store)
+        drafter.begin(context, SamplingConfig())
+        tree = drafter.propose(context, budget)
+        assert tree.tokens[:5].tolist() == code[10:15]  # from its own text, else the store
+        assert bool(drafter.acceptance._open) != own  # a store draft opens a judgement
+
+
+@pytest.mark.unit
 def test_eviction_rollback_and_snapshot_round_trip():
     s = _native.SuffixStore()
     for d in ([1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 6]):
