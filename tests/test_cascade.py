@@ -201,6 +201,21 @@ def test_a_drafter_predicted_not_to_pay_is_explored_within_a_share_of_the_time()
 
 
 @pytest.mark.unit
+def test_a_drafter_predicted_well_below_a_measured_arm_gets_no_trial_until_that_arm_falls():
+    """A slow drafter not yet measured waits behind the free one, and while that one measures
+    far more than the slow one's predicted utility (copying at 4x against 1.2x), it is not
+    tried at all; once the copying stops, it is."""
+    copying = 2000
+    cascade = Cascade(["slow", "free"], predict_utility=lambda d: 1.2 if d == "slow" else float("inf"))
+    utility = lambda arm, i: (4.0 if i < copying else 0.9) if arm[0] == "free" else 1.3
+    arms = simulate(cascade, utility, 3000)
+    assert arms[CascadeConfig().base_len][0] == "free"  # the one predicted higher first
+    assert "slow" not in {a[0] for a in arms[:copying]}
+    assert "slow" in {a[0] for a in arms[copying:]}
+    assert set_phases(cascade)[-1][0][0] == "slow"
+
+
+@pytest.mark.unit
 def test_the_baseline_carries_over_requests_until_it_is_due():
     """A request after the first goes straight to its trials: the plain baseline measured in
     the first carries over (measured at every request's start, it cost short requests their
@@ -278,6 +293,7 @@ def test_auto_greedy_identical_to_plain(target, reference, small_path):
         # No prediction gate, no exploring budget: SmolLM2 drafting for itself costs as much as
         # the target, so the cost curve would keep it out, and this test wants every arm to run.
         auto = CascadeController(drafters, FLAT, 8, CascadeConfig(explore_after=0, explore_share=float("inf")))
+        auto.cascade.predict_utility = lambda d: float("inf")  # nor a trial skipped behind lookup's
         used = set()
         for p in PROMPTS[:5]:  # enough for every arm to run; the suite stays short
             target.clear()

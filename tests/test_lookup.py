@@ -13,6 +13,7 @@ from localspec.drafters.base import Budget
 from localspec.drafters.lookup import LookupDrafter
 from localspec.llama.curve import CostCurve
 from localspec.sampling import SamplingConfig
+from localspec.verify import DraftTree
 
 pytestmark = pytest.mark.unit
 
@@ -69,3 +70,21 @@ def test_a_match_with_no_room_to_draft_is_an_empty_tree():
     empty = np.zeros(0, np.int32)
     assert len(acceptance.tree(empty, empty, np.zeros(0), n_match=4, n_occurrences=3)) == 0
     acceptance.start([1, 2, 3, 4])  # nothing open to judge
+
+
+def test_a_budget_sizes_each_of_several_proposals_as_a_fresh_one_would():
+    """Budget.size remembers its last few answers (a proposal is weighed against another,
+    then sized for verification): whatever order trees come in, each gets what a budget that
+    never saw another tree gives it."""
+    rng = np.random.default_rng(0)
+    trees = []
+    for n in (3, 12, 30, 7, 20, 1):
+        parents = np.array([-1] + [rng.integers(0, i) for i in range(1, n)], np.int32)
+        reach = np.sort(rng.uniform(0.05, 1.0, n))[::-1].copy()
+        trees.append(DraftTree(np.arange(n, dtype=np.int32), parents, reach))
+    budget = Budget(CURVE, n_seq_max=8)
+    for i in rng.integers(0, len(trees), 60):
+        kept = budget.size(trees[i])
+        fresh = Budget(CURVE, n_seq_max=8).size(trees[i])
+        assert kept.tokens.tolist() == fresh.tokens.tolist()
+        assert budget.speedup(trees[i]) == Budget(CURVE, n_seq_max=8).speedup(trees[i])

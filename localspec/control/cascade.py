@@ -26,7 +26,11 @@ catching-up time outweigh what its acceptance can gain) loses without a trial un
 back-off is long; it is then explored (the prediction may rest on a prior) only while the
 seconds such trials were predicted to lose (`trial_cost`) stay within `explore_share` of the
 seconds decoded, so a drafter that never pays costs a bounded share of the time to keep in
-the set, however short the answers.
+the set, however short the answers. Drafters are tried the most promising first: by their
+best recent utility, else by the one predicted from their acceptance so far (`predict_utility`;
+unbounded for one that drafts for free); one not yet measured is not tried at all in a test
+phase where an arm already measured more than its prediction by two steps of `converge` (a
+slow drafter's trial against one that copies at 4x would cost more than the chance it wins).
 A drafter that drafts for free (prompt lookup) is also watched while plain decoding runs:
 the caller reports what its proposals would have emitted and cost (`shadow`), and once they
 clearly pay the plain set phase ends and the drafter is back in the next test phase (an
@@ -79,11 +83,13 @@ class _DrafterMemory:
 class Cascade:
     def __init__(self, drafters: Iterable[str], cfg: CascadeConfig = CascadeConfig(),
                  predict_k: Callable[[str], int] | None = None,
-                 trial_cost: Callable[[str], float] | None = None):
+                 trial_cost: Callable[[str], float] | None = None,
+                 predict_utility: Callable[[str], float] | None = None):
         self.drafters = list(drafters)
         self.cfg = cfg
         self.predict_k = predict_k or (lambda d: cfg.ladder[0])
         self.trial_cost = trial_cost or (lambda d: 0.0)  # seconds a trial loses against plain
+        self.predict_utility = predict_utility or (lambda d: float("inf"))  # before any trial
         self.memory = {d: _DrafterMemory() for d in self.drafters}
         self.decoded = self.explored = 0.0  # seconds recorded, and predicted lost exploring
         self.t_base = 0.0  # seconds per token of plain decoding, measured at iteration base_at
@@ -206,24 +212,25 @@ class Cascade:
                     continue
                 self.explored += cost
             candidates.append(d)
-        # The most promising first: if there are more drafters than trials, the rest wait.
-        candidates.sort(key=lambda d: -max(self.memory[d].utility.values(), default=float("inf")))
+        # The most promising first (by what was measured, else predicted): if there are more
+        # drafters than trials, the rest wait.
+        candidates.sort(key=lambda d: -self._expected(d))
         candidates = candidates[:cfg.max_trials]
         self._testing = set(candidates)
         for d in candidates:
+            if not self.memory[d].utility and self.predict_utility(d) < self._near(tried):
+                self._testing.discard(d)  # predicted well below an arm measured already
+                continue
             arm = (d, self.k_start(d))
             tried[arm] = yield from self._trial(arm)
-        # Climb the best drafter that is not at a known maximum, of those within two steps of
-        # `converge` of the best arm: one further below would have to gain more than a step
-        # of K gives to overtake it.
-        near = (1.0 - 2 * cfg.converge) * max(tried.values(), default=0.0)
+        # Climb the best drafter that is not at a known maximum, of those near the best arm.
         for arm in sorted(tried, key=tried.get, reverse=True):
-            if tried[arm] < near:
+            if tried[arm] < self._near(tried):
                 break
             if self._next_k(arm[0], tried) is not None:
                 yield from self._climb(arm[0], tried)
                 break
-        for d in candidates:
+        for d in {d for d, _ in tried}:
             m = self.memory[d]
             # Only a clear loss sits the drafter out: four iterations cannot tell 0.95 from
             # 1.05, and a drafter that nearly pays is worth another trial next phase.
@@ -240,6 +247,16 @@ class Cascade:
         confirmed = best == self.last_set
         self.set_len = min(2 * self.set_len, cfg.max_set_len) if confirmed else cfg.set_len
         return best, tried[best]
+
+    def _expected(self, d: str) -> float:
+        """d's best recent utility, else its predicted one."""
+        seen = self.memory[d].utility
+        return max(seen.values()) if seen else self.predict_utility(d)
+
+    def _near(self, tried: dict[Arm, float]) -> float:
+        """Within two steps of `converge` below the best arm tried: an arm further below would
+        have to gain more than a step of K gives to overtake it."""
+        return (1.0 - 2 * self.cfg.converge) * max(tried.values(), default=0.0)
 
     def _waking(self) -> str | None:
         """A watched drafter whose last `trial` shadow iterations of this phase clearly paid

@@ -95,7 +95,7 @@ class CascadeController:
         self.acceptance = {d: DecayingRatio(prior=0.5, decay=1.0) for d in members}
         self._context: list[int] = []
         self._curve = curve  # at the context of the iteration being chosen
-        self.cascade = Cascade(members, cfg, self.predict_k, self.trial_cost)
+        self.cascade = Cascade(members, cfg, self.predict_k, self.trial_cost, self.predict_utility)
         self.watched = [name for name, d in members.items() if d.free]
         # (drafter, context length, proposal, its verification's cost in plain forwards)
         self._shadows: list[tuple[str, int, DraftTree, float]] = []
@@ -193,6 +193,15 @@ class CascadeController:
         if rate[best] * self._curve.cost(1) >= 1.0 or free:
             return int(ks[best])
         return 0
+
+    def predict_utility(self, name: str) -> float:
+        """The utility a trial at the best K is expected to measure, by the terms of predict_k
+        (a drafter not yet timed as if it drafted for nothing: its acceptance alone bounds it);
+        unbounded for one that drafts for free (its proposals, not a rate, decide)."""
+        if self.members[name].free:
+            return float("inf")
+        ks, gain, cost, _ = self._trial_terms(name)
+        return float(np.max(gain / cost)) * self._curve.cost(1)
 
     def trial_cost(self, name: str) -> float:
         """The seconds a trial of this drafter at its starting K is expected to lose against

@@ -35,7 +35,10 @@ class Budget:
         self.static = static
         n_curve = len(curve.seconds) - 1
         self.max_nodes = n_curve if max_nodes is None else max_nodes if static else min(max_nodes, n_curve)
-        self._sized: tuple[DraftTree, DraftTree] | None = None  # the last tree size() was asked, and its answer
+        # The last few trees size() was asked about, by id, and its answers: a proposal is
+        # weighed against another (the suffix drafter's two sources, a controller's "sure?"),
+        # then sized for verification, and each sizing walks every node in Python.
+        self._sized: dict[int, tuple[DraftTree, DraftTree]] = {}
 
     def at(self, n_context: int) -> Budget:
         """This budget after n_context tokens of context (a wide batch costs more there)."""
@@ -58,8 +61,8 @@ class Budget:
             while n_max and tree.prefix(n_max).n_leaves() > self.n_seq_max:
                 n_max -= 1
             return tree.prefix(n_max)
-        if self._sized is not None and self._sized[0] is tree:  # speedup() just sized it
-            return self._sized[1]
+        if (seen := self._sized.get(id(tree))) is not None and seen[0] is tree:
+            return seen[1]
         # Plain floats: a few dozen nodes, every iteration, where numpy's calls cost more.
         rates, gain, seconds = [1.0 / self.curve.seconds[0]], 1.0, self.curve.seconds
         for n, reach in enumerate(tree.reach[:n_max].tolist(), 1):
@@ -70,7 +73,9 @@ class Budget:
             best = next((n for n in sorted(range(n_max + 1), key=lambda n: -rates[n])
                          if n == 0 or tree.prefix(n).n_leaves() <= self.n_seq_max), 0)
         kept = tree.prefix(best)
-        self._sized = (tree, kept)
+        if len(self._sized) >= 4:
+            del self._sized[next(iter(self._sized))]  # the oldest
+        self._sized[id(tree)] = (tree, kept)
         return kept
 
     def speedup(self, tree: DraftTree) -> float:

@@ -86,9 +86,12 @@ class JakiroRuntime:
         """Record the target's hidden states of positions first_pos... (batch rows `rows` of
         its last decode); later positions are stale from now on."""
         need = first_pos + len(rows)
-        if need > len(self.features):
-            grow = max(need, 2 * len(self.features))
-            self.features = np.resize(self.features, (grow, self.features.shape[1]))
+        if need > len(self.features):  # room to double: a prompt's length then one row at a time
+            grow = 2 * max(need, len(self.features))
+            # Uninitialised (untouched pages): only rows a commit writes are ever read.
+            features = np.empty((grow, self.features.shape[1]), np.float32)
+            features[:len(self.features)] = self.features
+            self.features = features
             self.known = np.concatenate([self.known, np.zeros(grow - len(self.known), bool)])
         self.features[first_pos:need] = hidden_rows(ctx, rows)
         self.known[first_pos:need] = True
@@ -198,8 +201,9 @@ class JakiroDrafter(Drafter):
         tokens, parents, reach, n_forwards = self.rt.grow_tree(
             outs, len(context) - 1, self.width, self.branch, budget.max_nodes, self.cepd,
             np.asarray(min_reach), head)
-        if n_forwards:  # the tree's levels, of up to `width` nodes each, timed as one span
-            self.clock.forward(self.width, len(context), t0, n_forwards)
+        # The tree's levels, of up to `width` nodes each, timed as one span; with none, the
+        # root's logits (the head over the whole vocabulary) still ran: a forward's worth.
+        self.clock.forward(self.width, len(context), t0, max(n_forwards, 1))
         dt = (self.clock.now() - t_start) / (n_forwards + 1)
         self.t_token = dt if self.t_token == 0 else 0.8 * self.t_token + 0.2 * dt
         order, new_parents = rerank(parents.tolist(), reach.tolist(), budget.max_nodes)

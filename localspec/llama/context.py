@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 
 import llama_cpp as ll
 import numpy as np
+import numpy.ctypeslib  # noqa: F401  (loaded lazily otherwise: 2-3 ms inside a request's first read)
 
 from localspec import _native
 from localspec.llama import recurrent, rpc
