@@ -74,8 +74,8 @@ def test_a_match_with_no_room_to_draft_is_an_empty_tree():
 
 def test_a_budget_sizes_each_of_several_proposals_as_a_fresh_one_would():
     """Budget.size remembers its last few answers (a proposal is weighed against another,
-    then sized for verification): whatever order trees come in, each gets what a budget that
-    never saw another tree gives it."""
+    then sized for verification, perhaps within fewer nodes): whatever order trees come in,
+    each gets what a budget that never saw another tree gives it."""
     rng = np.random.default_rng(0)
     trees = []
     for n in (3, 12, 30, 7, 20, 1):
@@ -88,3 +88,7 @@ def test_a_budget_sizes_each_of_several_proposals_as_a_fresh_one_would():
         fresh = Budget(CURVE, n_seq_max=8).size(trees[i])
         assert kept.tokens.tolist() == fresh.tokens.tolist()
         assert budget.speedup(trees[i]) == Budget(CURVE, n_seq_max=8).speedup(trees[i])
+        # A smaller budget made from it (an arm's K, the room left) keeps what still holds.
+        n = int(rng.integers(1, 12))
+        capped = budget.within(n).size(trees[i])
+        assert capped.tokens.tolist() == Budget(CURVE, n_seq_max=8, max_nodes=n).size(trees[i]).tokens.tolist()

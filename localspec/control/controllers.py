@@ -117,10 +117,10 @@ class CascadeController:
         # One proposal per free drafter and iteration, with the whole budget: it decides
         # whether the drafter is sure, and is what a plain iteration watches or a set phase
         # of that drafter verifies (sized to the arm's K).
-        proposals = {}
+        proposals, budgets = {}, {}
         self._sure = None
         for w in self.watched:
-            budget = Budget(curve, self.n_seq_max)
+            budget = budgets[w] = Budget(curve, self.n_seq_max)
             proposals[w] = self.members[w].propose(context, budget)
             if budget.speedup(proposals[w]) >= self.sure_at:
                 self._sure = w
@@ -135,7 +135,7 @@ class CascadeController:
             return None
         if room <= 0:
             return None
-        budget = Budget(curve, self.n_seq_max, k).within(room)
+        budget = budgets.get(name, Budget(curve, self.n_seq_max)).within(min(k, room))
         proposal = proposals.get(name)
         return self.members[name], budget, proposal if proposal is not None else self.members[name].propose(context, budget)
 

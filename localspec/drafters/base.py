@@ -49,7 +49,10 @@ class Budget:
         """This budget, holding at most n nodes (the room left in the request or context)."""
         if n >= self.max_nodes:
             return self
-        return Budget(self.curve, self.n_seq_max, n, self.static)
+        smaller = Budget(self.curve, self.n_seq_max, n, self.static)
+        if not self.static:  # a tree this one sized to n nodes or fewer sizes the same there
+            smaller._sized = {i: seen for i, seen in self._sized.items() if len(seen[1]) <= n}
+        return smaller
 
     def size(self, tree: DraftTree) -> DraftTree:
         """The prefix of `tree` (nodes best first) to verify. Cost-aware: the one with the best
