@@ -13,7 +13,7 @@ from conftest import RECORDED_CURVE
 from localspec.bench import workloads
 from localspec.bench.anchors import write_ngram_cache
 from localspec.bench.report import speedup_interval
-from localspec.bench.runner import Config, Run, run_bench, warm_documents
+from localspec.bench.runner import Config, Learnt, Run, run_bench, run_ours, warm_documents
 from localspec.drafters.spec import DrafterSpec
 from localspec.engine import Engine, EngineConfig
 from localspec.sampling import SamplingConfig
@@ -48,6 +48,36 @@ def test_sessions_run_turn_by_turn_on_a_store_rolled_back_for_each_configuration
         assert all(r.ceiling is None for c in configs[1:] for r in c.runs)
         # The store ends as a user's would: the warm-up, then plain's answer to each turn once.
         assert engine.drafters.suffix_store(":memory:").native.n_docs == 1 + 2
+    finally:
+        engine.close()
+
+
+def test_each_configuration_learns_only_from_its_own_runs(small_path):
+    """auto's suffix drafter is the suffix configuration's own object: each configuration runs
+    a turn from its own copy of what the drafter learnt, so one run after another has not
+    learnt that turn's text from it."""
+    engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=2, store=":memory:"))
+    try:
+        configs = [Config("suffix", "suffix", DrafterSpec("suffix")), Config("auto", "auto", DrafterSpec("auto"))]
+        suffix = engine.drafters.get(DrafterSpec("suffix"))
+        assert suffix in engine.controller(DrafterSpec("auto")).drafters
+
+        def counts():
+            return [suffix.acceptance.followed.sum(), suffix.lookup.acceptance.followed.sum()]
+
+        fresh = counts()
+        learnt = Learnt(engine, configs)
+        tokens = engine.model.tokenize("one two three four five six. one two three four five six. one two")
+        learnt.before("suffix")
+        run_ours(engine, tokens, DrafterSpec("suffix"), 24, SamplingConfig())
+        learnt.ran("suffix")
+        after_suffix = counts()
+        assert after_suffix != fresh  # it learnt how the text follows its drafts
+        learnt.before("auto")
+        assert counts() == fresh  # auto starts the turn from what it learnt itself: nothing
+        learnt.next_turn()
+        learnt.before("suffix")
+        assert counts() == after_suffix  # the next turn goes on from the configuration's own
     finally:
         engine.close()
 

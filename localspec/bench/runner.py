@@ -229,6 +229,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], drafters: list[DrafterSpec]
         store.rollback(0)  # what generating the warm answers taught it, among others
         for doc in warm:
             store.add(doc)
+    learnt = Learnt(engine, [plain, *ours])
     for p in prompts:
         steps = turns(engine, p)
         tokens = next(steps)
@@ -244,7 +245,9 @@ def run_bench(engine: Engine, prompts: list[Prompt], drafters: list[DrafterSpec]
                         if cfg.spec == traced and trace is not None and r == 0:
                             trace.append([])
                             hook = trace[-1].append
+                        learnt.before(cfg.name)
                         runs[cfg.name].append(run_ours(engine, tokens, cfg.spec, max_tokens, sampling, hook)[::-1])
+                        learnt.ran(cfg.name)
                     else:
                         runs[cfg.name].append(anchor_of[cfg.name].run(p, tokens, max_tokens, sampling))
             _, ref = runs["plain"][0]
@@ -256,6 +259,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], drafters: list[DrafterSpec]
                     if cfg.spec is not None and not run.identical:
                         run.tie = near_tie(engine, tokens, ref, out)
                 cfg.runs.append(run)
+            learnt.next_turn()
             if store is not None:
                 store.rollback(mark)
             if greedy:  # copying from what the store held before the turn
@@ -269,6 +273,31 @@ def run_bench(engine: Engine, prompts: list[Prompt], drafters: list[DrafterSpec]
                 tokens = None
         advance(1)
     return configs
+
+
+class Learnt:
+    """Each configuration's own copy of what its drafters learn from turn to turn (the drafter
+    objects are shared: auto's suffix drafter is the suffix configuration's, and one that ran
+    a turn after auto had learnt from auto's run how that very text follows its drafts). Every
+    repeat of a turn runs from what the configuration had learnt by the turn's start, as if it
+    ran alone."""
+
+    def __init__(self, engine: Engine, configs: list[Config]):
+        self.drafters = {c.name: engine.controller(c.spec).drafters for c in configs}
+        fresh = {id(d): d.learned() for ds in self.drafters.values() for d in ds}
+        self.at_turn = {name: {id(d): fresh[id(d)] for d in ds} for name, ds in self.drafters.items()}
+        self.after: dict[str, dict[int, dict]] = {}
+
+    def before(self, name: str) -> None:
+        for d in self.drafters[name]:
+            d.relearn(self.at_turn[name][id(d)])
+
+    def ran(self, name: str) -> None:
+        self.after[name] = {id(d): d.learned() for d in self.drafters[name]}
+
+    def next_turn(self) -> None:
+        self.at_turn.update(self.after)
+        self.after = {}
 
 
 def median_run(runs: list[tuple[Run, list[int] | str]]) -> tuple[Run, list[int] | str]:

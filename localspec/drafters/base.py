@@ -15,6 +15,9 @@ is fixed at construction."""
 
 from __future__ import annotations
 
+import copy
+import operator
+
 import time
 
 from localspec.llama.context import Context
@@ -146,6 +149,20 @@ class Drafter:
     free = False
     t_catch_up = 0.0  # seconds the last proposal spent catching up with the context
     clock = DraftClock()  # times drafters' forwards of their own (the engine's: Drafters sets it)
+    # What it learns from request to request (attribute paths): the bench gives each
+    # configuration its own copy, so one that runs a turn after another has not learnt the
+    # turn's text from it.
+    learns: tuple[str, ...] = ()
+
+    def learned(self) -> dict:
+        """A copy of what it has learnt so far (`learns`)."""
+        return {path: copy.deepcopy(operator.attrgetter(path)(self)) for path in self.learns}
+
+    def relearn(self, learned: dict) -> None:
+        """Back to what `learned()` copied."""
+        for path, value in learned.items():
+            owner, _, name = path.rpartition(".")
+            setattr(operator.attrgetter(owner)(self) if owner else self, name, copy.deepcopy(value))
 
     def begin(self, prompt: list[int], sampling: SamplingConfig) -> None:
         """A request starts from `prompt` (the whole of it) with these sampling settings."""

@@ -48,6 +48,8 @@ class DraftModelDrafter(Drafter):
     """Drafts with a small model in `ctx` (its own llama.cpp context, shared by the chain and
     the tree drafter of one model: each catches up with the context it is given)."""
 
+    learns = ("calibration", "t_token", "t_prefill_token")
+
     def __init__(self, ctx: Context, target: Model, width: int = 1, branch: int = 2,
                  max_depth: int = 8, heads: dict[str, AcceptanceHead | None] | None = None,
                  head_required: bool = False):

@@ -151,6 +151,7 @@ class JakiroDrafter(Drafter):
 
     feature_window = 128  # prompt tokens whose target features seed the drafter's cache
     rests = True  # catch_up starts a fresh cache after a gap in the features
+    learns = ("calibration", "t_token")
 
     def __init__(self, runtime: JakiroRuntime, width: int = 4, branch: int = 2,
                  cepd: bool = True, heads: dict | None = None, head_required: bool = False):

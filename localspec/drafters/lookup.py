@@ -14,6 +14,7 @@ from localspec.verify import DraftTree, depths_of
 class LookupDrafter(Drafter):
     name = "lookup"
     free = True
+    learns = ("acceptance",)
 
     def __init__(self, n_min: int = 2, n_max: int = 32, max_depth: int = 63, max_occurrences: int = 32):
         self.index = _native.NgramIndex(n_min, n_max)

@@ -280,6 +280,7 @@ def _write_whole(path: Path, data: bytes) -> None:
 class SuffixDrafter(Drafter):
     name = "suffix"
     free = True  # a lookup and a binary search: Cascade may watch it while plain decoding runs
+    learns = ("acceptance", "lookup.acceptance")
 
     def __init__(self, store: SuffixStore, max_match: int = 32, max_depth: int = 63,
                  alpha: float = 2.0, min_share: float = 0.1, own_first: float = 1.3):
