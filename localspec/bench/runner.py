@@ -216,7 +216,8 @@ def run_bench(engine: Engine, prompts: list[Prompt], drafters: list[DrafterSpec]
 
     The engine's suffix store (in memory) learns `warm` first; before each configuration runs
     a turn it is rolled back to what it held before the turn, and after the turn it learns
-    plain decoding's answer once, as a user's store would."""
+    plain decoding's answer once, as a user's store would. What the drafters learn from turn
+    to turn is each configuration's own (`Learnt`)."""
     greedy = sampling.temperature <= 0
     plain = Config("plain", "none", NONE)
     suffix = " --strict" if engine.cfg.strict else ""
