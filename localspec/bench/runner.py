@@ -285,16 +285,18 @@ class Learnt:
 
     def __init__(self, engine: Engine, configs: list[Config]):
         self.drafters = {c.name: engine.controller(c.spec).drafters for c in configs}
-        fresh = {id(d): d.learned() for ds in self.drafters.values() for d in ds}
-        self.at_turn = {name: {id(d): fresh[id(d)] for d in ds} for name, ds in self.drafters.items()}
+        self.at_turn = {name: self._copy(name) for name in self.drafters}  # nothing run yet
         self.after: dict[str, dict[int, dict]] = {}
+
+    def _copy(self, name: str) -> dict[int, dict]:
+        return {id(d): d.learned() for d in self.drafters[name]}
 
     def before(self, name: str) -> None:
         for d in self.drafters[name]:
             d.relearn(self.at_turn[name][id(d)])
 
     def ran(self, name: str) -> None:
-        self.after[name] = {id(d): d.learned() for d in self.drafters[name]}
+        self.after[name] = self._copy(name)
 
     def next_turn(self) -> None:
         self.at_turn.update(self.after)

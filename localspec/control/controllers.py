@@ -135,7 +135,7 @@ class CascadeController:
             return None
         if room <= 0:
             return None
-        budget = budgets.get(name, Budget(curve, self.n_seq_max)).within(min(k, room))
+        budget = (budgets[name] if name in budgets else Budget(curve, self.n_seq_max)).within(min(k, room))
         proposal = proposals.get(name)
         return self.members[name], budget, proposal if proposal is not None else self.members[name].propose(context, budget)
 
@@ -200,7 +200,7 @@ class CascadeController:
         unbounded for one that drafts for free (its proposals, not a rate, decide)."""
         if self.members[name].free:
             return float("inf")
-        ks, gain, cost, _ = self._trial_terms(name)
+        _, gain, cost, _ = self._trial_terms(name)
         return float(np.max(gain / cost)) * self._curve.cost(1)
 
     def trial_cost(self, name: str) -> float:

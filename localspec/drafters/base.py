@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import operator
-
 import time
 
 from localspec.llama.context import Context
