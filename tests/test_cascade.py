@@ -201,6 +201,29 @@ def test_a_drafter_predicted_not_to_pay_is_explored_within_a_share_of_the_time()
 
 
 @pytest.mark.unit
+def test_a_trial_ends_once_its_first_iteration_shows_no_k_pays():
+    """A drafter predicted to pay before it was ever timed, whose first iteration shows its
+    drafting too slow for any K (predict_k turns 0), gives up the rest of that trial; one
+    predicted not to pay and explored on purpose keeps its whole trial."""
+    cfg = CascadeConfig()
+    timed = set()
+    predict = lambda d: 0 if d in timed else 2  # noqa: E731
+    cascade = Cascade(["slow"], cfg, predict_k=predict)
+
+    def utility(arm, i):
+        timed.add(arm[0])  # its first iteration times it
+        return 0.7
+
+    arms = simulate(cascade, utility, cfg.base_len + cfg.trial)
+    assert arms[cfg.base_len:] == [("slow", 2)] + [PLAIN] * (cfg.trial - 1)
+    assert cascade.memory["slow"].utility == {2: pytest.approx(0.7)}
+    explored = Cascade(["slow"], cfg, predict_k=lambda d: 0)
+    explored.memory["slow"].losses = cfg.explore_after  # its back-off is long: explored
+    arms = simulate(explored, lambda arm, i: 0.7, cfg.base_len + cfg.trial)
+    assert arms[cfg.base_len:] == [("slow", 1)] * cfg.trial
+
+
+@pytest.mark.unit
 def test_a_drafter_predicted_well_below_a_measured_arm_gets_no_trial_until_that_arm_falls():
     """A slow drafter not yet measured waits behind the free one, and while that one measures
     far more than the slow one's predicted utility (copying at 4x against 1.2x), it is not

@@ -22,7 +22,8 @@ up from a K that nearly pays too, and past `max_trials` while each step gains; w
 measured carries over, so the climb goes on across test phases. A drafter whose trials stay clearly
 below 1 (by more than `converge`) sits out 1, 3, 7, ... test phases (its own back-off), and
 a drafter for which the cost curve predicts no paying K (predict_k = 0: its drafting and
-catching-up time outweigh what its acceptance can gain) loses without a trial until its
+catching-up time outweigh what its acceptance can gain; a trial ends there too, once its
+first iterations time the drafter) loses without a trial until its
 back-off is long; it is then explored (the prediction may rest on a prior) only while the
 seconds such trials were predicted to lose (`trial_cost`) stay within `explore_share` of the
 seconds decoded, so a drafter that never pays costs a bounded share of the time to keep in
@@ -155,10 +156,12 @@ class Cascade:
 
     # --- the policy, as a generator: each yield is the arm of one iteration -------------------
 
-    def _iterations(self, arm: Arm, n: int, phase: str, chosen_at: float = 0.0) -> Generator[Arm, tuple, float]:
+    def _iterations(self, arm: Arm, n: int, phase: str, chosen_at: float = 0.0,
+                    doomed: Callable[[], bool] = lambda: False) -> Generator[Arm, tuple, float]:
         """Run `arm` for n iterations; return their utility (and refresh the baseline on
         plain ones). `chosen_at`: the utility that chose a speculative set phase's arm, which
-        ends once a window of `trial` iterations falls clearly below it."""
+        ends once a window of `trial` iterations falls clearly below it; `doomed`: asked after
+        each iteration, True ends the run there."""
         self._phase, self._span = phase, self._span + 1
         self._shadows: dict[str, list[tuple[int, float]]] = {}
         tokens = seconds = 0.0
@@ -170,6 +173,8 @@ class Cascade:
             tokens, seconds = tokens + t, seconds + s
             if arm == PLAIN and phase == "set" and (woken := self._waking()) is not None:
                 self.memory[woken].skip = self.memory[woken].losses = 0  # its back-off is over
+                break
+            if doomed():
                 break
             if chosen_at and i % window == 0 and i < n:
                 recent = self.trace[-window:]
@@ -223,11 +228,12 @@ class Cascade:
                 continue
             arm = (d, self.k_start(d))
             tried[arm] = yield from self._trial(arm)
-        # Climb the best drafter that is not at a known maximum, of those near the best arm.
+        # Climb the best drafter that is not at a known maximum, of those near the best arm
+        # (and predicted to pay at some K: a step of K cannot turn a drafter too slow for all).
         for arm in sorted(tried, key=tried.get, reverse=True):
             if tried[arm] < self._near(tried):
                 break
-            if self._next_k(arm[0], tried) is not None:
+            if self._next_k(arm[0], tried) is not None and self.predict_k(arm[0]) != 0:
                 yield from self._climb(arm[0], tried)
                 break
         for d in {d for d, _ in tried}:
@@ -273,7 +279,15 @@ class Cascade:
         m.skip = min(2 ** m.losses - 1, self.cfg.max_skip)
 
     def _trial(self, arm: Arm) -> Generator[Arm, tuple, float]:
-        u = yield from self._iterations(arm, self.cfg.trial, "test")
+        """A trial of `arm`. One predicted to pay ends as soon as the prediction, with what
+        its iterations so far measured (the drafter's own time per token, its first
+        acceptance), says no K does: a drafter's first iteration is what times it, and the
+        rest of a trial that cannot pay costs a forward of the drafter each (a head priced
+        like a small model on an MoE target's curve)."""
+        d = arm[0]
+        pays = self.predict_k(d) != 0  # else explored on purpose: the whole trial judges it
+        u = yield from self._iterations(arm, self.cfg.trial, "test",
+                                        doomed=lambda: pays and self.predict_k(d) == 0)
         self.memory[arm[0]].utility[arm[1]] = u
         return u
 
