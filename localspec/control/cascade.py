@@ -281,9 +281,8 @@ class Cascade:
     def _trial(self, arm: Arm) -> Generator[Arm, tuple, float]:
         """A trial of `arm`. One predicted to pay ends as soon as the prediction, with what
         its iterations so far measured (the drafter's own time per token, its first
-        acceptance), says no K does: a drafter's first iteration is what times it, and the
-        rest of a trial that cannot pay costs a forward of the drafter each (a head priced
-        like a small model on an MoE target's curve)."""
+        acceptance), says no K does: a drafter's first iteration is what times it, and each
+        further iteration of a trial that cannot pay costs a drafter forward."""
         d = arm[0]
         pays = self.predict_k(d) != 0  # else explored on purpose: the whole trial judges it
         u = yield from self._iterations(arm, self.cfg.trial, "test",
