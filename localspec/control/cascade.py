@@ -157,11 +157,11 @@ class Cascade:
     # --- the policy, as a generator: each yield is the arm of one iteration -------------------
 
     def _iterations(self, arm: Arm, n: int, phase: str, chosen_at: float = 0.0,
-                    doomed: Callable[[], bool] = lambda: False) -> Generator[Arm, tuple, float]:
+                    until_unpaid: bool = False) -> Generator[Arm, tuple, float]:
         """Run `arm` for n iterations; return their utility (and refresh the baseline on
         plain ones). `chosen_at`: the utility that chose a speculative set phase's arm, which
-        ends once a window of `trial` iterations falls clearly below it; `doomed`: asked after
-        each iteration, True ends the run there."""
+        ends once a window of `trial` iterations falls clearly below it; `until_unpaid`: the
+        run ends once the cost curve predicts no K of the arm's drafter pays."""
         self._phase, self._span = phase, self._span + 1
         self._shadows: dict[str, list[tuple[int, float]]] = {}
         tokens = seconds = 0.0
@@ -174,7 +174,7 @@ class Cascade:
             if arm == PLAIN and phase == "set" and (woken := self._waking()) is not None:
                 self.memory[woken].skip = self.memory[woken].losses = 0  # its back-off is over
                 break
-            if doomed():
+            if until_unpaid and self.predict_k(arm[0]) == 0:
                 break
             if chosen_at and i % window == 0 and i < n:
                 recent = self.trace[-window:]
@@ -283,10 +283,8 @@ class Cascade:
         its iterations so far measured (the drafter's own time per token, its first
         acceptance), says no K does: a drafter's first iteration is what times it, and each
         further iteration of a trial that cannot pay costs a drafter forward."""
-        d = arm[0]
-        pays = self.predict_k(d) != 0  # else explored on purpose: the whole trial judges it
-        u = yield from self._iterations(arm, self.cfg.trial, "test",
-                                        doomed=lambda: pays and self.predict_k(d) == 0)
+        pays = self.predict_k(arm[0]) != 0  # else explored on purpose: the whole trial judges it
+        u = yield from self._iterations(arm, self.cfg.trial, "test", until_unpaid=pays)
         self.memory[arm[0]].utility[arm[1]] = u
         return u
 
