@@ -6,7 +6,7 @@ import pytest
 
 from localspec.control.cascade import PLAIN, Cascade, CascadeConfig
 from localspec.control.controllers import CascadeController
-from localspec.drafters.base import Drafter
+from localspec.drafters.base import Budget, Drafter
 from localspec.drafters.draft_model import DraftModelDrafter, draft_context
 from localspec.drafters.jakiro import JakiroDrafter, JakiroRuntime
 from localspec.drafters.lookup import LookupDrafter
@@ -367,3 +367,32 @@ def test_a_resting_feature_drafter_is_given_features_only_where_it_may_be_asked_
     assert len(commits) < len(handed_out) - 1
     assert ready and all(ready)
     assert any(it.drafter == auto.members["jakiro"].name and it.n_drafted for it in handed_out)
+
+
+def test_an_untimed_jakiro_is_priced_before_its_first_trial(small_path, small_model):
+    """Before its first step is timed, Cascade weighs Jakiro as it weighs a draft model: a
+    step as the target's forward times the share of its weights a step reads (a layer and the
+    output head), and the positions it would catch up with first (the prompt's features, up
+    to its window) as a wide batch prices a token. Once it follows the context, it has
+    nothing to catch up with, and what a step took is what it is weighed by."""
+    from localspec import store
+    rt = JakiroRuntime(store.shipped_drafter(small_path), small_model, n_ctx=2048, n_threads=1)
+    jakiro = JakiroDrafter(rt)
+    curve = CostCurve([0.01 * (1 + 0.1 * n) for n in range(64)], 0)
+    per_position = 0.01 * small_model.head_share * curve.ratio(64) / 64
+    tokens = small_model.tokenize(PROMPTS[0] * 8)
+    assert len(tokens) > jakiro.feature_window
+    with Context(small_model, ContextConfig(n_ctx=2048, n_seq_max=8, n_threads=1, embeddings=True)) as ctx:
+        jakiro.begin(tokens, GREEDY)
+        t, c = jakiro.drafting_seconds(tokens, curve)
+        assert t == pytest.approx(0.01 * small_model.head_share) and 0 < small_model.head_share < 1
+        assert c == 0  # no feature to draft from yet: nothing it could catch up with
+        ctx.prefill(tokens, n_outputs=len(tokens), on_outputs=lambda first, rows: jakiro.commit(ctx, first, rows))
+        context = [*tokens, 0]  # the next token emitted: the prompt's last feature drafts it
+        t, c = jakiro.drafting_seconds(context, curve)
+        assert c == pytest.approx(jakiro.feature_window * per_position)
+        jakiro.propose(context, Budget(FLAT, 8))
+        assert jakiro.t_token > 0 and jakiro.t_catch_up > 0
+        t, c = jakiro.drafting_seconds(context, curve)
+        assert (t, c) == (jakiro.t_token, jakiro.rt.behind(context, jakiro.feature_window) * jakiro.t_prefill_token)
+        assert jakiro.rt.behind(context, jakiro.feature_window) == 1  # it follows: the root's predecessor again

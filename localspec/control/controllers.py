@@ -196,7 +196,7 @@ class CascadeController:
 
     def predict_utility(self, name: str) -> float:
         """The utility a trial at the best K is expected to measure, by the terms of predict_k
-        (a drafter not yet timed as if it drafted for nothing: its acceptance alone bounds it);
+        (a drafter's time estimated before it is timed, see drafting_seconds);
         unbounded for one that drafts for free (its proposals, not a rate, decide)."""
         if self.members[name].free:
             return float("inf")

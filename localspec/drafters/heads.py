@@ -85,10 +85,7 @@ class HeadDrafter(DraftModelDrafter):
         self.ctx: HeadContext = ctx
         self.states = states
         self.target = target
-        # Until measured: a step reads one of the target's layers and its output head (on a
-        # small model with a large vocabulary, the head is most of it).
-        n_params = target.n_params
-        self.size_ratio = (n_params / max(1, target.n_layer) + target.n_vocab * target.n_embd) / n_params
+        self.size_ratio = target.head_share  # until a step is timed
 
     def begin(self, prompt: list[int], sampling: SamplingConfig) -> None:
         super().begin(prompt, sampling)

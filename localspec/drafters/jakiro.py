@@ -39,6 +39,7 @@ class JakiroRuntime:
         except RuntimeError as e:
             raise LocalspecError(f"cannot load drafter {Path(drafter).name}: {e}") from None
         self.draft_vocab = self.native.draft_vocab()
+        self.target_share = target.head_share  # of a target forward, a step until one is timed
         d = self.cfg.d_model
         self.features = np.zeros((0, d), np.float32)  # target hidden state per position
         self.known = np.zeros(0, bool)
@@ -107,6 +108,18 @@ class JakiroRuntime:
         del self.slots[keep:]
         self.truncate(keep)
 
+    def behind(self, context: list[int], window: int) -> int:
+        """The positions catch_up(context, window) would run through the layer now (0: the
+        feature it drafts from is not there yet)."""
+        last = len(context) - 2
+        if last < 0 or last >= len(self.known) or not self.known[last]:
+            return 0
+        begin = self.start + len(self.slots)
+        if self.slots and self.known[begin:last + 1].all():
+            return max(1, last + 1 - begin)
+        recent = self.known[max(0, last + 1 - window):last + 1]  # a fresh cache: the known run
+        return len(recent) - int(np.flatnonzero(~recent)[-1]) - 1 if not recent.all() else len(recent)
+
     def catch_up(self, context: list[int], window: int) -> tuple[np.ndarray, ...] | None:
         """Run the layer over context positions not yet in the drafter's cache (each reads its
         feature and the next token); return the layer outputs, whose last row's next token is
@@ -151,7 +164,7 @@ class JakiroDrafter(Drafter):
 
     feature_window = 128  # prompt tokens whose target features seed the drafter's cache
     rests = True  # catch_up starts a fresh cache after a gap in the features
-    learns = ("calibration", "t_token")
+    learns = ("calibration", "t_token", "t_prefill_token")
 
     def __init__(self, runtime: JakiroRuntime, width: int = 4, branch: int = 2,
                  cepd: bool = True, heads: dict | None = None, head_required: bool = False):
@@ -166,6 +179,7 @@ class JakiroDrafter(Drafter):
         self.width, self.branch, self.cepd = width, branch, cepd
         self.calibration = DecayingRatio(prior=0.8)
         self.t_token = 0.0  # running seconds per draft forward (one tree level)
+        self.t_prefill_token = 0.0  # seconds per position of a long catch-up
         self._raw = np.zeros(0)
 
     def begin(self, prompt: list[int], sampling: SamplingConfig) -> None:
@@ -180,9 +194,13 @@ class JakiroDrafter(Drafter):
         self.rt.commit(ctx, first_pos, rows)
 
     def drafting_seconds(self, context: list[int], curve: CostCurve) -> tuple[float, float]:
-        """(seconds per draft forward, catch-up seconds): it follows every committed token,
-        so it never has to catch up."""
-        return self.t_token, 0.0
+        """(seconds per draft forward, seconds to catch up with `context` first), measured or,
+        before that, estimated as for a draft model: a forward as the target's times the
+        share of its weights a step reads (a layer and the output head), a position caught
+        up as a forward times what a token of the target's widest batch costs against one."""
+        t = self.t_token or curve.cost(1) * self.rt.target_share
+        wide = len(curve.seconds)
+        return t, self.rt.behind(context, self.feature_window) * (self.t_prefill_token or t * curve.ratio(wide) / wide)
 
     def propose(self, context: list[int], budget: Budget) -> DraftTree:
         self.calibration.tick()
@@ -191,12 +209,14 @@ class JakiroDrafter(Drafter):
         cal = 1.0 if head else self.calibration.value
         if budget.max_nodes <= 0 or not budget.worth_drafting(min(1.0, cal), self.t_token, 0):
             return DraftTree.empty()
-        t_start = self.clock.now()
+        self.t_catch_up = 0.0
         t0, n_cached = time.perf_counter(), self.rt.n_cached
         outs = self.rt.catch_up(context, self.feature_window)
         if outs is None:
             return DraftTree.empty()
-        self.clock.forward(len(outs[0]), n_cached, t0)
+        self.t_catch_up = self.clock.forward(len(outs[0]), n_cached, t0)
+        if len(outs[0]) >= 16:
+            self.t_prefill_token = self.t_catch_up / len(outs[0])
         min_reach = [budget.min_reach(self.t_token, d) / cal for d in range(1, self.rt.cfg.gamma)]
         t0 = time.perf_counter()
         tokens, parents, reach, n_forwards = self.rt.grow_tree(
@@ -204,8 +224,7 @@ class JakiroDrafter(Drafter):
             np.asarray(min_reach), head)
         # The tree's levels, of up to `width` nodes each, timed as one span; with none, the
         # root's logits (the head over the whole vocabulary) still ran: a forward's worth.
-        self.clock.forward(self.width, len(context), t0, max(n_forwards, 1))
-        dt = (self.clock.now() - t_start) / (n_forwards + 1)
+        dt = self.clock.forward(self.width, len(context), t0, max(n_forwards, 1)) / max(n_forwards, 1)
         self.t_token = dt if self.t_token == 0 else 0.8 * self.t_token + 0.2 * dt
         order, new_parents = rerank(parents.tolist(), reach.tolist(), budget.max_nodes)
         tree = DraftTree(tokens[order].astype(np.int32), np.asarray(new_parents, np.int32),

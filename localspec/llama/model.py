@@ -123,6 +123,10 @@ class Model:
         self.n_embd = ll.llama_model_n_embd(ptr)
         self.n_layer = ll.llama_model_n_layer(ptr)  # its layers, MTP layers not counted
         self.n_params = ll.llama_model_n_params(ptr)
+        # What a step of a one-layer drafter on its hidden states (Jakiro, an MTP layer,
+        # EAGLE-3) reads of its weights until the step is timed: one of its layers and its
+        # output head (on a small model with a large vocabulary, the head is most of it).
+        self.head_share = (self.n_params / max(1, self.n_layer) + self.n_vocab * self.n_embd) / self.n_params
         self.mtp_layers = ll.llama_model_n_layer_nextn(ptr)  # MTP layers its GGUF has
         self.mtp = mtp and self.mtp_layers > 0  # ... and loaded
         self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
