@@ -105,6 +105,18 @@ class Budget:
         return extra / self.curve.cost(1)
 
 
+def drafting_estimate(curve: CostCurve, t_token: float, share: float, t_prefill_token: float,
+                      behind: int) -> tuple[float, float]:
+    """(seconds per drafted token, seconds to catch up `behind` positions first), as measured
+    or, before that, estimated from the target's cost curve: a drafted token as a target
+    forward times the share of its weights the drafter reads, a position caught up as a
+    drafted token times what a token of the target's widest batch costs against a single one
+    (a GPU prefills nearly for free; two CPU cores at about 0.4 of a decoded token)."""
+    t = t_token or curve.cost(1) * share
+    wide = len(curve.seconds)
+    return t, behind * (t_prefill_token or t * curve.ratio(wide) / wide)
+
+
 class DraftClock:
     """Times the drafters' own forwards (a draft model's, Jakiro's layer), and tells them what
     a forward took: what they plan with, so they draft as long as their time per token pays.

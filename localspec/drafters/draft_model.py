@@ -16,7 +16,7 @@ import numpy as np
 
 from localspec import _native
 from localspec.drafters.acceptance_head import HEAD_SAMPLING, AcceptanceHead
-from localspec.drafters.base import Budget, DecayingRatio, Drafter, rerank
+from localspec.drafters.base import Budget, DecayingRatio, Drafter, drafting_estimate, rerank
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig, common_prefix
 from localspec.llama.curve import CostCurve
@@ -137,15 +137,10 @@ class DraftModelDrafter(Drafter):
         return tree
 
     def drafting_seconds(self, context: list[int], curve: CostCurve) -> tuple[float, float]:
-        """(seconds per drafted token, seconds to catch up with `context` first), measured or,
-        before that, estimated from the target's cost curve: a drafted token as a target
-        forward times the share of its weights, a token caught up as a drafted one times
-        what a token of the target's widest batch costs against a single token (a GPU
-        prefills nearly for free; two CPU cores at about 0.4 of a decoded token)."""
-        t = self.t_token or curve.cost(1) * self.size_ratio
-        wide = len(curve.seconds)
+        """(seconds per drafted token, seconds to catch up with `context` first): see
+        drafting_estimate; the share is its file's size against the target's."""
         behind = len(context) - common_prefix(self.ctx.tokens, context)
-        return t, behind * (self.t_prefill_token or t * curve.ratio(wide) / wide)
+        return drafting_estimate(curve, self.t_token, self.size_ratio, self.t_prefill_token, behind)
 
     def _pick(self, logits: np.ndarray, k: int) -> tuple[list[int], np.ndarray, np.ndarray]:
         """k children: the k best (deterministic) or k draws (sampled); and the distribution."""

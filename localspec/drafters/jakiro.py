@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from localspec import _native
-from localspec.drafters.base import Budget, DecayingRatio, Drafter, rerank
+from localspec.drafters.base import Budget, DecayingRatio, Drafter, drafting_estimate, rerank
 from localspec.drafters.files import check_target, read_config
 from localspec.drafters.jakiro_config import JakiroConfig
 from localspec.errors import LocalspecError
@@ -194,13 +194,10 @@ class JakiroDrafter(Drafter):
         self.rt.commit(ctx, first_pos, rows)
 
     def drafting_seconds(self, context: list[int], curve: CostCurve) -> tuple[float, float]:
-        """(seconds per draft forward, seconds to catch up with `context` first), measured or,
-        before that, estimated as for a draft model: a forward as the target's times the
-        share of its weights a step reads (a layer and the output head), a position caught
-        up as a forward times what a token of the target's widest batch costs against one."""
-        t = self.t_token or curve.cost(1) * self.rt.target_share
-        wide = len(curve.seconds)
-        return t, self.rt.behind(context, self.feature_window) * (self.t_prefill_token or t * curve.ratio(wide) / wide)
+        """(seconds per draft forward, seconds to catch up with `context` first): see
+        drafting_estimate; the share is a step's, a layer and the output head."""
+        return drafting_estimate(curve, self.t_token, self.rt.target_share, self.t_prefill_token,
+                                 self.rt.behind(context, self.feature_window))
 
     def propose(self, context: list[int], budget: Budget) -> DraftTree:
         self.calibration.tick()
