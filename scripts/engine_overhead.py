@@ -44,6 +44,11 @@ def llama_bench_tps(bench: str, path: str, n: int, threads: int, fa: str, depth:
     return json.loads(out)[0]["avg_ts"]
 
 
+def context_size(a: argparse.Namespace) -> int:
+    """Room for the context before the timed tokens and the timed tokens themselves."""
+    return max(1024, a.depth + a.n + 256)
+
+
 def localspec_tps(ctx: Context, n: int, depth: int) -> float:
     ctx.clear()
     stats = Stats()
@@ -55,7 +60,7 @@ def localspec_tps(ctx: Context, n: int, depth: int) -> float:
 
 def compare_seqs(model: Model, a: argparse.Namespace, seqs: list[int]) -> None:
     rates: dict[int, list[float]] = {n: [] for n in seqs}
-    contexts = {n: Context(model, ContextConfig(n_ctx=1024, n_threads=a.threads, flash_attn=a.flash_attn,
+    contexts = {n: Context(model, ContextConfig(n_ctx=context_size(a), n_threads=a.threads, flash_attn=a.flash_attn,
                                                 n_seq_max=n)) for n in seqs}
     try:
         for ctx in contexts.values():
@@ -81,7 +86,7 @@ def compare_sample_on(model: Model, a: argparse.Namespace, top_k: int) -> None:
     problems = read_problems()
     prompt = model.tokenize(problems[sorted(problems)[3]]["prompt"])
     times: dict[bool, list[float]] = {False: [], True: []}
-    contexts = {on: Context(model, ContextConfig(n_ctx=1024, n_threads=a.threads, flash_attn=a.flash_attn,
+    contexts = {on: Context(model, ContextConfig(n_ctx=context_size(a), n_threads=a.threads, flash_attn=a.flash_attn,
                                                  n_seq_max=8, sample_on_device=on)) for on in times}
     try:
         last = {}
@@ -158,7 +163,7 @@ def main() -> None:
             return compare_seqs(model, a, seqs)
     ours, theirs = [], []
     with Model(path) as model, Context(model, ContextConfig(
-            n_ctx=1024, n_threads=a.threads, flash_attn=a.flash_attn, n_seq_max=seqs[0])) as ctx:
+            n_ctx=context_size(a), n_threads=a.threads, flash_attn=a.flash_attn, n_seq_max=seqs[0])) as ctx:
         localspec_tps(ctx, 16, a.depth)  # warm-up
         for r in range(a.rounds):
             theirs.append(llama_bench_tps(a.bench, path, a.n, a.threads, a.flash_attn, a.depth))
