@@ -44,9 +44,11 @@ def llama_bench_tps(bench: str, path: str, n: int, threads: int, fa: str, depth:
     return json.loads(out)[0]["avg_ts"]
 
 
-def context_size(a: argparse.Namespace) -> int:
-    """Room for the context before the timed tokens and the timed tokens themselves."""
-    return max(1024, a.depth + a.n + 256)
+def make_context(model: Model, a: argparse.Namespace, **config) -> Context:
+    """A context of the run's threads and flash-attention setting, with room for the context
+    before the timed tokens and the timed tokens themselves."""
+    return Context(model, ContextConfig(n_ctx=max(1024, a.depth + a.n + 256), n_threads=a.threads,
+                                        flash_attn=a.flash_attn, **config))
 
 
 def localspec_tps(ctx: Context, n: int, depth: int) -> float:
@@ -60,8 +62,7 @@ def localspec_tps(ctx: Context, n: int, depth: int) -> float:
 
 def compare_seqs(model: Model, a: argparse.Namespace, seqs: list[int]) -> None:
     rates: dict[int, list[float]] = {n: [] for n in seqs}
-    contexts = {n: Context(model, ContextConfig(n_ctx=context_size(a), n_threads=a.threads, flash_attn=a.flash_attn,
-                                                n_seq_max=n)) for n in seqs}
+    contexts = {n: make_context(model, a, n_seq_max=n) for n in seqs}
     try:
         for ctx in contexts.values():
             localspec_tps(ctx, 8, a.depth)  # warm-up
@@ -86,8 +87,7 @@ def compare_sample_on(model: Model, a: argparse.Namespace, top_k: int) -> None:
     problems = read_problems()
     prompt = model.tokenize(problems[sorted(problems)[3]]["prompt"])
     times: dict[bool, list[float]] = {False: [], True: []}
-    contexts = {on: Context(model, ContextConfig(n_ctx=context_size(a), n_threads=a.threads, flash_attn=a.flash_attn,
-                                                 n_seq_max=8, sample_on_device=on)) for on in times}
+    contexts = {on: make_context(model, a, n_seq_max=8, sample_on_device=on) for on in times}
     try:
         last = {}
         for on, ctx in contexts.items():
@@ -162,8 +162,7 @@ def main() -> None:
         with Model(path) as model:
             return compare_seqs(model, a, seqs)
     ours, theirs = [], []
-    with Model(path) as model, Context(model, ContextConfig(
-            n_ctx=context_size(a), n_threads=a.threads, flash_attn=a.flash_attn, n_seq_max=seqs[0])) as ctx:
+    with Model(path) as model, make_context(model, a, n_seq_max=seqs[0]) as ctx:
         localspec_tps(ctx, 16, a.depth)  # warm-up
         for r in range(a.rounds):
             theirs.append(llama_bench_tps(a.bench, path, a.n, a.threads, a.flash_attn, a.depth))
