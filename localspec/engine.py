@@ -251,6 +251,9 @@ class Engine:
                                n_seq_max=1 if recurrent else cfg.n_seq_max, kv_type="bf16" if cfg.strict else "f16",
                                embeddings=features, sample_on_device=on_device,
                                shapes=() if recurrent else shapes,
+                               # a recurrent padding row would need a state of its own; strict
+                               # keeps its batches' shapes
+                               padding=not recurrent and not cfg.strict,
                                # what rollback costs plain decoding: docs/benchmarks.md#hybrid-targets
                                rollback=cfg.rollback if recurrent and cfg.drafter.kind != "none" else 0)
         self.slots = Slots(self.model, config, cfg.slots)
@@ -346,12 +349,12 @@ class Engine:
         if not request.cache:
             ctx.clear()
         curve = None if plain else self.planning.prepare()
-        # Padded shapes: the curve prices each size in the shape it runs in after the last
-        # forward's, and the context pads as it prices (plain requests keep to their shape).
-        live = curve if ctx.shapes and isinstance(curve, LiveCurve) else None
-        ctx.pad_rule = live.pad_to if live is not None else None
-        if live is not None:
-            live.pad_with(tuple(ctx.shapes))
+        # The curve prices each size as the cheapest width that holds it (in padded shapes:
+        # after the last forward's), and the context pads as it prices (plain requests keep to
+        # their shape; a batch limit keeps to its own).
+        if ctx.shapes and isinstance(curve, LiveCurve):
+            curve.pad_with(tuple(ctx.shapes))
+        ctx.pad_rule = curve.pad_to if curve is not None and max_batch is None else None
         options = RunOptions(stop_at_eog=not request.ignore_eog, tie_bound=tie_bound, max_batch=max_batch,
                              progress=self._reading, on_forward=None if plain else curve.observe,
                              draft_clock=self.drafters.clock, heard=self.heard)

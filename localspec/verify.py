@@ -133,12 +133,12 @@ def launch(ctx: Context, tree: DraftTree, pending: list[int], all_pending_rows: 
 
 
 def padded(ctx: Context, n: int, speculating: bool) -> int:
-    """The rows a verification batch of n runs as: its own size where the context has no
-    shapes; else the next shape up, or, for a speculating step, what ctx.pad_rule says (it may
-    stay in the last forward's shape); never past n_batch or the context's end."""
-    if not ctx.shapes:
+    """The rows a verification batch of n runs as: for a speculating step what ctx.pad_rule
+    says (the last forward's shape, or a wider batch that costs less), else n, either up to the
+    next of the context's shapes where it has any; never past n_batch or the context's end."""
+    if ctx.pad_seq < 0:
         return n
-    shape = ctx.pad_rule(n, len(ctx.tokens)) if speculating and ctx.pad_rule else padded_shape(ctx.shapes, n)
+    shape = padded_shape(ctx.shapes, ctx.pad_rule(n, len(ctx.tokens)) if speculating and ctx.pad_rule else n)
     return n if shape > ctx.config.n_batch or len(ctx.tokens) + shape > ctx.n_ctx else shape
 
 

@@ -346,6 +346,33 @@ def test_cost_curve_at_another_context():
 
 
 @pytest.mark.unit
+def test_a_batch_is_padded_where_a_wider_one_costs_less():
+    """This CPU's flash attention goes tiled from 64 rows: after a long context a batch of 64
+    costs less than one of 55 (2.9 s against 4.0 after 3,841 tokens). A batch is priced as the
+    cheapest width that holds it and padded to it, by a held curve and a live one alike; after
+    a short context, and where nothing wider is cheaper, it runs as itself."""
+    from localspec.llama.live import LiveCurve
+
+    seconds = [1.0 + 0.1 * n for n in range(8)]
+    curve = CostCurve(seconds, 256, per_context=(1e-4,) * 4 + (4e-4, 4e-4, 4e-4, 1e-4))
+    assert [curve.pad_to(n, 256) for n in range(1, 9)] == list(range(1, 9))
+    long = curve.unpadded_at(4256)
+    assert long[4] > long[7] and long[3] < long[7]  # 5-7 rows cost more than 8 there
+    assert [curve.pad_to(n, 4256) for n in range(1, 9)] == [1, 2, 3, 4, 8, 8, 8, 8]
+    assert curve.at(4256).seconds == pytest.approx(list(long[:4]) + [long[7]] * 4)
+    assert curve.pad_to(9, 4256) == 9  # beyond the curve
+    live = LiveCurve(curve)
+    assert [live.pad_to(n, 4256) for n in range(1, 9)] == [1, 2, 3, 4, 8, 8, 8, 8]
+    assert live.at(4256).seconds == pytest.approx(curve.at(4256).seconds)
+    for _ in range(20):  # the wide batch turns out dear, the narrow ones as priced: no padding
+        live.observe(8, 4256, 3 * long[7])
+        for n in range(4, 8):
+            live.observe(n, 4256, long[n - 1])
+    assert [live.pad_to(n, 4256) for n in range(5, 9)] == [5, 6, 7, 8]
+    assert CostCurve(seconds, 256).pad_to(5, 4256) == 5  # no context term: nothing to gain
+
+
+@pytest.mark.unit
 def test_a_live_curve_learns_what_forwards_cost():
     """A curve measured while the cores were busy (one token 40 ms, a batch of 2 1.4 of
     them), then forwards that cost 33 and 59 ms: the live curve follows the forwards, slowly

@@ -212,6 +212,17 @@ def test_padded_batches_change_nothing_but_their_shape(small_model, reference):
                 assert ctx.seq_pos_max(0) == len(ctx.tokens) - 1
                 assert all(ctx.seq_pos_max(s) == ctx.seq_pos_max(0) for s in range(1, pad_seq))
                 assert ctx.seq_pos_max(pad_seq) == -1
+    # No shapes, a pad rule (the cost curve's, where a wider batch costs less at a context):
+    # padded all the same, to what the rule says.
+    with Context(small_model, ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, padding=True)) as ctx:
+        ctx.pad_rule = lambda n, n_context: max(n, 16)
+        out, shapes = [], set()
+        controller = Fixed(LookupDrafter(), Budget(FLAT, 8), "lookup")
+        for it in run(ctx, controller, small_model.tokenize(PROMPTS[0]), GREEDY, N_TOKENS, stats):
+            out += it.tokens
+            shapes.add(ctx.shape)
+        assert out == reference[PROMPTS[0]] and ctx.seq_pos_max(pad_seq) == -1
+        assert 16 in shapes and all(s <= 1 or s >= 16 for s in shapes)  # 0: before the first
     assert stats.draft_n_accepted > 30 and stats.draft_n - stats.draft_n_accepted > 10
 
 

@@ -52,6 +52,10 @@ class ContextConfig:
     # sequence of their own), so consecutive iterations keep their shape and llama.cpp (and
     # CUDA its captured graph) reuse the last graph; (): batches as they come (see launch).
     shapes: tuple[int, ...] = ()
+    # A sequence for padding rows without shapes too: a batch is padded to a wider one where
+    # the cost curve prices that lower at its context (this CPU's flash attention goes tiled
+    # from 64 rows: after 3,841 tokens 55 rows took 4.0 s, padded to 64 2.9 s; CostCurve.pad_to).
+    padding: bool = False
     # Every token the context holds sits in all n_seq_max sequences, so a draft tree's leaves
     # (one sequence each) see the context without a copy of it (native/step.h: launch, finish).
     # False: in sequence 0 only (a draft model's context, which branches its own way).
@@ -68,7 +72,7 @@ def context_params(config: ContextConfig) -> ll.llama_context_params:
     p.n_ctx = config.n_ctx
     p.n_batch = config.n_batch
     p.n_ubatch = min(config.n_ubatch, config.n_batch)
-    p.n_seq_max = config.n_seq_max + (1 if config.shapes else 0)  # the last: padding's
+    p.n_seq_max = config.n_seq_max + (1 if config.shapes or config.padding else 0)  # the last: padding's
     # A draft tree's rows are all outputs, and the pending tokens and root are in every
     # sequence: with the argmax in the graph, a sequence may output a whole batch.
     p.n_outputs_max_per_seq = config.n_batch
@@ -124,12 +128,12 @@ class Context:
         self._device: _native.SamplerOnDevice | None = None  # see sample_on_device
         self._device_top_k = 0  # what it runs: 0 the argmax, k a top-k
         self.shapes = sorted(config.shapes)  # the engine may narrow them to its cost curve's
-        # (n, context length) -> the shape a batch of n runs in, where the engine's curve says
-        # staying in the last forward's costs less than leaving it (LiveCurve.pad_to); None:
-        # the next shape up.
+        # (n, context length) -> the rows a speculating batch of n runs as, where the engine's
+        # curve says staying in the last forward's shape, or a wider batch, costs less (the
+        # curve's pad_to); None: the next shape up, or n itself.
         self.pad_rule: Callable[[int, int], int] | None = None
         self.shape = 0  # the last launched batch's rows, padding included
-        self.pad_seq = config.n_seq_max if config.shapes else -1
+        self.pad_seq = config.n_seq_max if config.shapes or config.padding else -1
         # The sequences every token the context holds sits in (see context_in_every_sequence).
         self._shared = np.arange(config.n_seq_max if config.context_in_every_sequence else 1, dtype=np.int32)
         self._one = (np.zeros(1, np.int32), np.zeros(1, np.int32), np.array([0, len(self._shared)], np.int32),

@@ -3,7 +3,10 @@ each token of context adds to it; and CostModel, what everything that sizes spec
 with asks of one.
 
 Context matters: every row of a batch attends to the whole cache, so after a long prompt (an
-editor's file) a wide batch costs more forwards than after a short one. A curve is measured
+editor's file) a wide batch costs more forwards than after a short one, and not evenly: this
+CPU's flash attention goes tiled from 64 rows, which after 3,841 tokens made 64 rows cost 2.9 s
+against 4.0 s for 55. A batch is priced as the cheapest width that holds it, and verification
+pads it to that width (pad_to). A curve is measured
 (measure.py) and cached (curve_cache.py) per model and machine, corrected by the engine's
 own forwards as it runs (live.py), or read from a file: another machine's (read_curve)."""
 
@@ -52,11 +55,26 @@ class CostCurve:
         return replace(self, seconds=self.seconds_at(n_context).tolist(), n_context=n_context)
 
     def seconds_at(self, n_context: int) -> np.ndarray:
-        """at(n_context).seconds as an array (asked twice an iteration: no lists, no copies)."""
+        """at(n_context).seconds as an array (asked twice an iteration: no lists, no copies):
+        each batch size priced as the cheapest width that holds it (pad_to)."""
+        if not self.per_context or n_context == self.n_context:
+            return self._arrays[0]
+        return np.minimum.accumulate(self.unpadded_at(n_context)[::-1])[::-1]
+
+    def unpadded_at(self, n_context: int) -> np.ndarray:
+        """Per batch size, one forward of exactly that many rows after n_context tokens (never
+        below half of what it costs at the curve's own context)."""
         s, per_context = self._arrays
         if not self.per_context or n_context == self.n_context:
             return s
-        return np.minimum.accumulate(np.maximum(s + (n_context - self.n_context) * per_context, 0.5 * s)[::-1])[::-1]
+        return np.maximum(s + (n_context - self.n_context) * per_context, 0.5 * s)
+
+    def pad_to(self, n: int, n_context: int) -> int:
+        """The rows a verification batch of n is best run as after n_context tokens: the
+        cheapest width from n on (n itself where none is cheaper, or beyond the curve)."""
+        if n > len(self.seconds) or not self.per_context:
+            return n
+        return int(cheapest_from(self.unpadded_at(n_context))[n - 1]) + 1
 
     @functools.cached_property
     def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
@@ -119,9 +137,25 @@ class CostModel(Protocol):
         """Seconds for one forward of n tokens after n_context."""
         ...
 
+    def pad_to(self, n: int, n_context: int) -> int:
+        """The rows a speculating batch of n tokens after n_context runs as, padding included:
+        the width its price is (CostCurve.pad_to; LiveCurve.pad_to with padded shapes)."""
+        ...
+
     def observe(self, n: int, n_context: int, seconds: float) -> None:
         """A verification forward of n rows after n_context tokens took `seconds`."""
         ...
+
+
+def cheapest_from(seconds: np.ndarray) -> np.ndarray:
+    """Per index i, the index j >= i of the least seconds (the first of equals: a batch is
+    padded only where that is cheaper)."""
+    best, j = np.empty(len(seconds), int), len(seconds) - 1
+    for i in range(len(seconds) - 1, -1, -1):
+        if seconds[i] <= seconds[j]:
+            j = i
+        best[i] = j
+    return best
 
 
 def stable_shapes(curve: CostModel, sizes) -> tuple[int, ...]:

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 
 from localspec.llama.context import padded_shape
-from localspec.llama.curve import CostCurve
+from localspec.llama.curve import CostCurve, cheapest_from
 
 CONTEXT_STEP = 32  # LiveCurve keeps a curve per this many tokens of context
 TOLERANCE = 0.03   # ... and recomputes it when a correction moved by more (3%: a replan costs
@@ -63,7 +63,7 @@ class LiveCurve:
         self.count = np.zeros(size)
         self._factors: np.ndarray | None = np.ones(size)
         self._applied = np.full(size, np.nan)  # the corrections the factors hold
-        self._base: dict[int, np.ndarray] = {}  # base.seconds_at() by stretch of context
+        self._base: dict[int, np.ndarray] = {}  # base.unpadded_at() by stretch of context
         self._at: dict[tuple[int, int], tuple[CostCurve, np.ndarray]] = {}  # _plan() by stretch of context and last shape
         self._stray = np.zeros((2, len(base.seconds)))  # per size: forwards, sum of log(seen / base)
         self.last_shape = 0  # the shape the last forward ran in (0: none, or no shapes)
@@ -110,7 +110,7 @@ class LiveCurve:
     def _base_at(self, n_context: int) -> np.ndarray:
         key = n_context // CONTEXT_STEP
         if key not in self._base:
-            self._base[key] = self.base.seconds_at(n_context)
+            self._base[key] = self.base.unpadded_at(n_context)
         return self._base[key]
 
     def factors(self) -> np.ndarray:
@@ -131,14 +131,13 @@ class LiveCurve:
         return self._factors
 
     def pad_to(self, n: int, n_context: int) -> int:
-        """The shape a speculating step's batch of n tokens after n_context tokens is best run
-        in after the last forward: its own, or the last forward's where that is larger and
-        staying costs less than leaving (a plain step's is its own: Context.launch). Decided
-        on the same prices at() plans with."""
-        own = self.shape(n)
-        if own < self.last_shape <= len(self.base.seconds) and self._plan(n_context)[1][own - 1]:
-            return self.last_shape
-        return own
+        """The rows a speculating step's batch of n tokens after n_context tokens is best run
+        as after the last forward: its own shape, the last forward's where that is larger and
+        staying costs less than leaving, or a wider one that costs less at this context (a
+        plain step's is its own: Context.launch). Decided on the same prices at() plans with."""
+        if n > len(self.base.seconds):
+            return self.shape(n)
+        return int(self._plan(n_context)[1][n - 1])
 
     def _choices(self, base: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For each batch size n (1..): the seconds of running it in its own shape, of staying
@@ -168,16 +167,19 @@ class LiveCurve:
         return self._plan(n_context)[0]
 
     def _plan(self, n_context: int) -> tuple[CostCurve, np.ndarray]:
-        """The curve at n_context after the last forward's shape, and per batch size whether
-        it stays in that shape; kept per stretch of context and last shape."""
+        """The curve at n_context after the last forward's shape, each batch size priced as
+        the cheapest width that holds it, and per batch size the rows it runs as (pad_to);
+        kept per stretch of context and last shape."""
         key = (n_context // CONTEXT_STEP, self.last_shape)
         plan = self._at.get(key)
         if plan is None:
-            leave, stay, stays = self._choices(self._base_at(n_context))
+            base = self._base_at(n_context)
+            leave, stay, stays = self._choices(base)
             seconds = np.minimum(leave, stay)
-            curve = replace(self.base, seconds=np.minimum.accumulate(seconds[::-1])[::-1].tolist(),
-                            n_context=n_context)
-            plan = self._at[key] = (curve, stays)
+            best = cheapest_from(seconds)
+            rows = np.where(stays[best], self.last_shape, self._own_shapes(len(base))[best] + 1)
+            curve = replace(self.base, seconds=seconds[best].tolist(), n_context=n_context)
+            plan = self._at[key] = (curve, rows)
         return plan
 
     @property

@@ -160,17 +160,19 @@ def non_decreasing(seconds) -> list[float]:
 
 def measure_per_context(ctx: Context, max_batch: int, n_context: int, repeats: int,
                         turn: Turn = contextlib.nullcontext) -> tuple[float, ...]:
-    """What a token of context adds to a batch of n: batches of 1, 2, 4, ... timed after
-    n_context tokens, then after LONG_CONTEXT (or as many as the context holds), then after
+    """What a token of context adds to a batch of n: batches of 1, 2, 4, ... 32, 48, the widest
+    and the one below it timed after n_context tokens, then after LONG_CONTEXT (or as many as the context holds), then after
     n_context again, interpolated between sizes. This machine's speed drifts by 10% from one
     minute to the next, more than what context adds to a small batch: the long times are held
     against the mean of the short ones on either side, which cancels a steady drift, with one
-    prompt's worth of decoding (the long context) in all. Empty when the context is too small
-    to tell."""
+    prompt's worth of decoding (the long context) in all. The sizes below the widest: kernels
+    change path with the rows (this CPU's flash attention goes tiled from 64: after 2,048 tokens
+    context added 583 µs a token to 48 rows and 166 to 64, so 64's slope priced 33-63 rows at
+    0.7x). Empty when the context is too small to tell."""
     n_long = long_context(ctx, max_batch, n_context)
     if not n_long:
         return ()
-    sizes = [n for n in (1, 2, 4, 8, 16, 32, 64) if n < max_batch] + [max_batch]
+    sizes = sorted({n for n in (1, 2, 4, 8, 16, 24, 32, 48, max_batch - 1) if 0 < n < max_batch} | {max_batch})
     filler = filler_tokens(ctx, n_long + max_batch)
     rounds = max(2, repeats // 2)
 
