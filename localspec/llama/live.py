@@ -40,7 +40,9 @@ class LiveCurve:
     that shape, padded up to it, when leaving costs more than staying: leaving pays its own
     forward after another shape and, the next time that shape comes back, the difference
     again (pad_to() says which shape a batch of n runs as; at() prices it so). A larger batch
-    pays its forward after another shape alone: what follows it is the next plan's.
+    pays its forward after another shape alone: what follows it is the next plan's. With
+    shapes or without, a batch is priced as the cheapest width that holds it and run as that
+    (a CPU's flash attention goes tiled from 64 rows: after a long context 55 cost more).
 
     It is asked twice an iteration, and the answer barely moves: a curve is kept per stretch
     of CONTEXT_STEP tokens of context and last shape, and recomputed only when a correction
