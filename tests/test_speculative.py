@@ -14,6 +14,8 @@ import types
 import numpy as np
 import pytest
 
+from conftest import RECORDED_CURVE
+
 from localspec.bench.pricing import Projection
 from localspec.control.controllers import Fixed
 from localspec.drafters.base import Budget
@@ -218,10 +220,10 @@ def test_padded_batches_change_nothing_but_their_shape(small_model, reference):
         ctx.pad_rule = lambda n, n_context: max(n, 16)
         out, shapes = [], set()
         controller = Fixed(LookupDrafter(), Budget(FLAT, 8), "lookup")
-        for it in run(ctx, controller, small_model.tokenize(PROMPTS[0]), GREEDY, N_TOKENS, stats):
+        for it in run(ctx, controller, small_model.tokenize(PROMPTS[0]), GREEDY, N_TOKENS // 2, stats):
             out += it.tokens
             shapes.add(ctx.shape)
-        assert out == reference[PROMPTS[0]] and ctx.seq_pos_max(pad_seq) == -1
+        assert out == reference[PROMPTS[0]][:N_TOKENS // 2] and ctx.seq_pos_max(pad_seq) == -1
         assert 16 in shapes and all(s <= 1 or s >= 16 for s in shapes)  # 0: before the first
     assert stats.draft_n_accepted > 30 and stats.draft_n - stats.draft_n_accepted > 10
 
@@ -361,7 +363,10 @@ def test_qwen_greedy_differs_only_at_measured_ties_and_strict_is_identical(qwen_
     from localspec.engine import Engine, EngineConfig
 
     for strict in (False, True):
-        engine = Engine(EngineConfig(model=str(qwen_path), threads=2, n_ctx=2048, strict=strict))
+        # A recorded curve sizes the drafts (measuring the 0.5B's, strict's its own, is most of
+        # what this test would take); exactness is measured here, as with any curve file.
+        engine = Engine(EngineConfig(model=str(qwen_path), threads=2, n_ctx=2048, strict=strict,
+                                     curve=str(RECORDED_CURVE)))
         try:
             if strict:
                 assert engine.exactness()[1] >= 2, "no batch reproduces single tokens here"

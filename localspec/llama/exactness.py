@@ -12,25 +12,33 @@ from dataclasses import replace
 from pathlib import Path
 
 from localspec.llama.context import Context
-from localspec.llama.curve import CostCurve, read_curve
+from localspec.llama.curve import MAX_BATCH, CostCurve, read_curve
 from localspec.llama.curve_cache import cache_key, write_json
 from localspec.llama.timing import Turn, batch_sizes, filler_tokens
 from localspec.paths import cache_dir
 
 
-def measure_discrepancy(ctx: Context, max_batch: int = 12, contexts=(64, 320),
+def measure_discrepancy(ctx: Context, max_batch: int = 12, contexts=(64, 320), widest: int = MAX_BATCH,
                         turn: Turn = contextlib.nullcontext) -> tuple[float, int]:
     """Decode the same positions one token at a time and as batches of the measured sizes up
-    to max_batch, after a short and a longer context; return the largest logit difference seen
-    and the largest n for which batches of 2..n were exact. llama.cpp's batched kernels need
-    not reproduce single-token results bit for bit: on a CPU, repacked weights switch to
-    matrix-matrix kernels at 4 rows, and flash attention over an f16 cache splits a single
-    token's work across threads once the cache passes 256 cells
-    (docs/benchmarks.md#kernel-settings)."""
+    to max_batch after a short and a longer context, and of 32, 48, the widest and the one
+    below it after the longer (as far from single tokens there as after the short); return
+    the largest logit difference seen and the largest n for which batches of 2..n were exact.
+    llama.cpp's batched kernels need not reproduce single-token results bit
+    for bit: on a CPU, repacked weights switch to matrix-matrix kernels at 4 rows, flash
+    attention over an f16 cache splits a single token's work across threads once the cache
+    passes 256 cells (docs/benchmarks.md#kernel-settings), and runs 64 rows and more tiled
+    (SmolLM2's logits: 2-12 rows 0.63 apart after 320 tokens, 64 rows 1.11). The wide sizes
+    count in the difference, not in the exact size (--strict keeps to 16 rows at most)."""
     sizes = [n for n in batch_sizes(max_batch) if n >= 2]
+    widest = min(widest, ctx.n_ctx)
+    wide = sorted({n for n in (32, 48, widest - 1, widest) if max_batch < n <= widest})
     # A small context (--ctx 256) holds less than the longer one: as much as it holds.
-    contexts = sorted({max(0, min(n, ctx.n_ctx - max_batch)) for n in contexts})
-    worst_by_size = [max(d) for d in zip(*(batch_discrepancy(ctx, n, sizes, turn) for n in contexts))]
+    contexts = sorted({max(0, min(n, ctx.n_ctx - widest)) for n in contexts})
+    *shorter, longest = contexts
+    last = batch_discrepancy(ctx, longest, sizes + wide, turn)
+    worst_by_size = [max(d) for d in zip(last, *(batch_discrepancy(ctx, n, sizes, turn) for n in shorter))]
+    worst_by_size += last[len(sizes):]
     exact = next((n - 1 for n, w in zip(sizes, worst_by_size) if w > 0), max_batch)
     return max(worst_by_size), min(exact, 16)
 
