@@ -6,9 +6,9 @@ Context matters: every row of a batch attends to the whole cache, so after a lon
 editor's file) a wide batch costs more forwards than after a short one, and not evenly: this
 CPU's flash attention goes tiled from 64 rows, which after 3,841 tokens made 64 rows cost 2.9 s
 against 4.0 s for 55. A batch is priced as the cheapest width that holds it, and verification
-pads it to that width (pad_to). A curve is measured
-(measure.py) and cached (curve_cache.py) per model and machine, corrected by the engine's
-own forwards as it runs (live.py), or read from a file: another machine's (read_curve)."""
+pads it to that width (pad_to). A curve is measured (measure.py) and cached (curve_cache.py)
+per model and machine, corrected by the engine's own forwards as it runs (live.py), or read
+from a file: another machine's (read_curve)."""
 
 from __future__ import annotations
 

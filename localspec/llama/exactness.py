@@ -24,12 +24,12 @@ def measure_discrepancy(ctx: Context, max_batch: int = 12, contexts=(64, 320), w
     to max_batch after a short and a longer context, and of 32, 48, the widest and the one
     below it after the longer (as far from single tokens there as after the short); return
     the largest logit difference seen and the largest n for which batches of 2..n were exact.
-    llama.cpp's batched kernels need not reproduce single-token results bit
-    for bit: on a CPU, repacked weights switch to matrix-matrix kernels at 4 rows, flash
-    attention over an f16 cache splits a single token's work across threads once the cache
-    passes 256 cells (docs/benchmarks.md#kernel-settings), and runs 64 rows and more tiled
-    (SmolLM2's logits: 2-12 rows 0.63 apart after 320 tokens, 64 rows 1.11). The wide sizes
-    count in the difference, not in the exact size (--strict keeps to 16 rows at most)."""
+    llama.cpp's batched kernels need not reproduce single-token results bit for bit: on a CPU,
+    repacked weights switch to matrix-matrix kernels at 4 rows, flash attention over an f16
+    cache splits a single token's work across threads once the cache passes 256 cells
+    (docs/benchmarks.md#kernel-settings), and runs 64 rows and more tiled (SmolLM2's logits:
+    2-12 rows 0.63 apart after 320 tokens, 64 rows 1.11). The wide sizes count in the
+    difference, not in the exact size (--strict keeps to 16 rows at most)."""
     sizes = [n for n in batch_sizes(max_batch) if n >= 2]
     widest = min(widest, ctx.n_ctx)
     wide = sorted({n for n in (32, 48, widest - 1, widest) if max_batch < n <= widest})
