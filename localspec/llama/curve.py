@@ -149,13 +149,12 @@ class CostModel(Protocol):
 
 def cheapest_from(seconds: np.ndarray) -> np.ndarray:
     """Per index i, the index j >= i of the least seconds (the first of equals: a batch is
-    padded only where that is cheaper)."""
-    best, j = np.empty(len(seconds), int), len(seconds) - 1
-    for i in range(len(seconds) - 1, -1, -1):
-        if seconds[i] <= seconds[j]:
-            j = i
-        best[i] = j
-    return best
+    padded only where that is cheaper): the first j from i on that costs no more than any
+    after it (no loop: it runs on every replan)."""
+    last = len(seconds)
+    cheapest_after = np.minimum.accumulate(seconds[::-1])[::-1]
+    candidates = np.where(seconds <= cheapest_after, np.arange(last), last)
+    return np.minimum.accumulate(candidates[::-1])[::-1]
 
 
 def stable_shapes(curve: CostModel, sizes) -> tuple[int, ...]:
