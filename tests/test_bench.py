@@ -149,11 +149,14 @@ def test_bench_plans_and_prices_on_another_machines_curve(small_path, tmp_path):
     curve = Path(__file__).parents[1] / "docs" / "bench" / "gpu" / "h200-2026-11-26" / "curve-rand-7b.json"
     out = tmp_path / "bench.json"
     r = localspec("bench", "-m", str(small_path), "--threads", "2", "--workload", "code-edit",
-                  "--limit", "1", "--max-tokens", "24", "--drafter", "lookup", "--curve", str(curve),
-                  "--draft-curve", str(curve), "--json", str(out), timeout=900)
+                  "--limit", "1", "--max-tokens", "24", "--drafter", "lookup", "--drafter", "auto:lookup",
+                  "--curve", str(curve), "--draft-curve", str(curve), "--json", str(out),
+                  "--trace", str(tmp_path / "trace.png"), timeout=900)
     assert r.returncode == 0, r.stderr
     result = json.loads(out.read_text())
-    plain, lookup = result["configs"]
+    plain, lookup, auto = result["configs"]
+    # Cascade's chart, with the iterations a sure copy ran outside it ("lookup", no K) too
+    assert (tmp_path / "trace.png").stat().st_size > 0 and auto["identical"] == 1
     assert plain["projected_speedup"] == 1.0 and lookup["projected_speedup"] > 0
     # where the projected seconds go, adding up to the speedup (the same tokens, both runs)
     plain_ms, lookup_ms = plain["projected_ms"], lookup["projected_ms"]

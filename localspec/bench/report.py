@@ -147,6 +147,16 @@ def phase_utilities(requests: list[list]) -> list[float]:
     return out
 
 
+def _arm_and_k(it) -> tuple[str, int]:
+    """An iteration's drafter and K as the chart plots them: "lookup@8" -> ("lookup", 8);
+    plain at K 0; a free drafter run outside Cascade because it was sure ("suffix", no K) by
+    what it drafted."""
+    if it.arm == "plain":
+        return "", 0
+    name, _, k = it.arm.partition("@")
+    return (name, int(k)) if k else (f"{name} (sure)", it.batch - 1)
+
+
 def trace_chart(requests: list[list], title: str, path: Path) -> None:
     """Cascade at work (as the paper's figures): per iteration, the utility of the trial or
     set phase it belonged to, and the arm it ran (K by drafter; plain at 0); requests side by
@@ -158,8 +168,7 @@ def trace_chart(requests: list[list], title: str, path: Path) -> None:
     requests = [[it for it in its if it.arm != "prompt"] for its in requests]  # Cascade's iterations
     rows = [it for its in requests for it in its]
     utility = phase_utilities(requests)
-    arms = [("", 0) if it.arm == "plain" else (it.arm.rsplit("@", 1)[0], int(it.arm.rsplit("@", 1)[1]))
-            for it in rows]
+    arms = [_arm_and_k(it) for it in rows]
     x = range(len(rows))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 5.5), sharex=True,
                                       gridspec_kw={"height_ratios": [3, 2]})
