@@ -166,11 +166,11 @@ def test_no_shipped_drafter_is_a_one_line_error(qwen_path, capsys):
 
 @pytest.fixture(scope="module")
 def tiny_run(small_path, tmp_path_factory):
-    """`localspec train jakiro` then `convert` on a reduced corpus: about a minute here."""
+    """`localspec train jakiro` then `convert` on a reduced corpus: about 45 s here."""
     root = tmp_path_factory.mktemp("tiny-jakiro")
     out = root / "run"
     assert main(["train", "jakiro", "--target", str(small_path), "--out", str(out),
-                 "--max-tokens", "6000", "--seq-len", "256", "--epochs", "6", "--lr", "2e-3",
+                 "--max-tokens", "4000", "--seq-len", "256", "--epochs", "6", "--lr", "2e-3",
                  "--draft-vocab", "4000", "--threads", "2"]) == 0
     gguf = root / "smol-jakiro.gguf"
     assert main(["convert", str(out / "checkpoint.pt"), str(gguf), "--type", "q8_0"]) == 0

@@ -46,6 +46,7 @@ class TrainConfig:
 
 LOSS_WEIGHTS = (1.0, 1.0, 0.1, 0.05)  # SmoothL1 moe, SmoothL1 ctr, CE moe, CE ctr (paper eq. 16)
 LOG_EVERY = 20  # training steps (sequences) per point of the loss curve
+PLOT_EVERY = 60.0  # seconds between redrawings of loss.png (a drawing takes most of a second)
 
 
 def draft_vocabulary(model: Model, cfg: TrainConfig, store: FeatureStore) -> list[int]:
@@ -121,6 +122,7 @@ class Trainer:
         self.weights = TargetWeights(cfg.target)
         self.store = FeatureStore(cfg.feature_dir or cfg.out / "features", self.model)
         self.ckpt_path = cfg.out / "checkpoint.pt"
+        self._plotted = -PLOT_EVERY  # when loss.png was last drawn (time.monotonic)
         if self.ckpt_path.exists():
             ckpt = torch.load(self.ckpt_path, weights_only=False)
             self.jcfg = JakiroConfig.from_dict(ckpt["config"])
@@ -179,7 +181,9 @@ class Trainer:
         mean = {k: float(np.mean([s[k] for s in window if k in s])) for k in window[0]}
         self.progress["history"].append({"step": self.progress["step"], **mean})
 
-    def save(self) -> None:
+    def save(self, last: bool = False) -> None:
+        """The checkpoint and history.json; loss.png at most every PLOT_EVERY seconds, and
+        for the `last` save."""
         ckpt = {"config": self.jcfg.to_dict(), "state": self.net.state_dict(),
                 "optimizer": self.opt.state_dict(), "progress": self.progress,
                 "train_config": {k: str(v) for k, v in asdict(self.cfg).items()}}
@@ -187,7 +191,9 @@ class Trainer:
         torch.save(ckpt, tmp)
         os.replace(tmp, self.ckpt_path)
         (self.cfg.out / "history.json").write_text(json.dumps(self.progress["history"], indent=1))
-        plot_losses(self.progress["history"], self.cfg.out / "loss.png")
+        if last or time.monotonic() - self._plotted >= PLOT_EVERY:
+            plot_losses(self.progress["history"], self.cfg.out / "loss.png")
+            self._plotted = time.monotonic()
 
     def run(self) -> Path:
         cfg, p = self.cfg, self.progress
@@ -202,7 +208,7 @@ class Trainer:
                 for shard in self.store.extract(examples, cfg.max_tokens, n_threads=cfg.n_threads):
                     self._train_and_save(shard, f"{epoch}: shard {p['shards_done']}")
             p["epoch"], p["shards_done"] = p["epoch"] + 1, 0
-            self.save()
+            self.save(last=p["epoch"] >= cfg.epochs)
         return self.ckpt_path
 
     def _train_and_save(self, shard: Shard, label: str) -> None:
