@@ -243,12 +243,16 @@ class Engine:
         on_device = cfg.sample_on_device
         if on_device is None:  # llama.cpp counts the output layer as layer n_layer
             on_device = offloaded and self.model.n_gpu_layers > self.model.n_layer
-        # A recurrent state (Model.recurrent) is kept per sequence (and per rollback step): such
-        # a target verifies chains, in one sequence, a rejecting batch undone from a checkpoint
-        # (recurrent.py), or, with --rollback N where its architecture can, rolled back.
+        # A recurrent state (Model.recurrent) is kept per sequence (and per rollback step): a
+        # hybrid target verifies trees flattened, each path in a sequence of its own (native/
+        # step.h); a recurrent-only one, --rollback and --strict chains, in one sequence, a
+        # rejecting batch undone from a checkpoint (recurrent.py) or, with --rollback N where
+        # the architecture can, rolled back.
         recurrent = self.model.recurrent
+        flat = recurrent and self.model.hybrid and not cfg.rollback and not cfg.strict and cfg.drafter.kind != "none"
         config = ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads, flash_attn=cfg.flash_attn,
-                               n_seq_max=1 if recurrent else cfg.n_seq_max, kv_type="bf16" if cfg.strict else "f16",
+                               n_seq_max=cfg.n_seq_max + 1 if flat else 1 if recurrent else cfg.n_seq_max,
+                               flat_trees=flat, kv_type="bf16" if cfg.strict else "f16",
                                embeddings=features, sample_on_device=on_device,
                                shapes=() if recurrent else shapes,
                                # a recurrent padding row would need a state of its own; strict
@@ -305,7 +309,7 @@ class Engine:
         """What runs a request with this spec."""
         if spec in self._cascades:
             return self._cascades[spec]
-        controller = controller_for(spec, self.drafters, self.planning.prepare, self.ctx.config.n_seq_max)
+        controller = controller_for(spec, self.drafters, self.planning.prepare, self.ctx.n_paths, self.ctx.flat)
         if spec.kind == "auto":
             self._cascades[spec] = controller
         return controller

@@ -84,6 +84,18 @@ class DraftTree:
     def n_leaves(self) -> int:
         return int((~self.has_child()).sum())
 
+    def flat_rows(self, n: int) -> list[int]:
+        """For each prefix of 0..n nodes, the batch rows it takes flattened, each root-to-leaf
+        path in rows of its own (native launch's flatten): a node under a leaf lengthens that
+        path by one, any other starts a path as long as its depth."""
+        rows, depths, has_child = [0], [], [False] * n
+        for p in self.parents[:n].tolist():
+            depths.append(1 if p < 0 else depths[p] + 1)
+            rows.append(rows[-1] + (depths[-1] if p >= 0 and has_child[p] else 1))
+            if p >= 0:
+                has_child[p] = True
+        return rows
+
 
 @dataclass
 class Verdict:
@@ -104,6 +116,7 @@ class Launched(NamedTuple):
     tree: DraftTree
     all_pending_rows: bool
     speculating: bool
+    flattened: bool  # a hybrid's tree, each path in a sequence of its own (layout)
 
 
 def launch(ctx: Context, tree: DraftTree, pending: list[int], all_pending_rows: bool = False,
@@ -121,15 +134,29 @@ def launch(ctx: Context, tree: DraftTree, pending: list[int], all_pending_rows: 
     if n > ctx.config.n_batch:
         raise LocalspecError(f"batch of {n} tokens exceeds n_batch={ctx.config.n_batch}")
     ctx.check_room(n)
-    if ctx.checkpoints and len(tree):  # what accept undoes the batch to if it rejects a node
+    layout = _layout(ctx, tree)
+    if ctx.checkpoints and len(tree) and layout != FLAT:  # what accept undoes the batch to if it rejects a node
         recurrent.checkpoint(ctx)
     pending = np.asarray(pending, np.int32)
     shape = padded(ctx, n, speculating)
     batch, status = _native.launch(ctx.ptr, len(ctx.tokens), pending, tree.tokens, tree.parents, all_pending_rows,
-                                   shape, ctx.pad_seq)
+                                   shape, ctx.pad_seq, layout)
     check_status(status, n)
-    ctx.inflight = Launched(batch, pending, tree, all_pending_rows, speculating)
+    ctx.inflight = Launched(batch, pending, tree, all_pending_rows, speculating, layout == FLAT)
     ctx.shape = shape  # the batch's rows, padding included
+
+
+SHARED, FLAT, EVERY_SEQUENCE = 0, 1, 2  # native/step.h's tree_layout
+
+
+def _layout(ctx: Context, tree: DraftTree) -> int:
+    """How the tree's rows sit in sequences: on a hybrid with sequences to spare (Context.flat)
+    a tree flattened, each path in a sequence of its own (llama.cpp decodes it as two forwards
+    at least), a chain in every sequence (one forward, a rejection undone from a checkpoint);
+    elsewhere a node in the sequences of every path through it."""
+    if not ctx.flat:
+        return SHARED
+    return FLAT if tree.n_leaves() > 1 else EVERY_SEQUENCE
 
 
 def padded(ctx: Context, n: int, speculating: bool) -> int:
@@ -159,14 +186,18 @@ def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler, tie_bound: floa
     where every node is accepted; else the batch is undone to its checkpoint, and its pending
     tokens and accepted path come back as the next batch's pending ones (`requeued`), which
     costs rows in that batch rather than a forward of its own; where that batch rejects too,
-    what it carried is decoded at once, in a forward of its own."""
+    what it carried is decoded at once, in a forward of its own.
+
+    A hybrid target's tree, verified flattened (Context.flat), keeps the pending tokens and,
+    where the whole of the first path was accepted, that path; else the accepted nodes come
+    back as the next batch's pending ones (n_cached 0). A chain there is undone as above."""
     launched, ctx.inflight = ctx.inflight, None
-    keep_batch = ctx.checkpoints
+    keep_batch = ctx.checkpoints and not launched.flattened
     path, nxt, unsettled, n_cached, seconds, device_failed = _native.finish(
         ctx.ptr, launched.batch, tree.q_offsets, tree.q_ids, tree.q_probs, sampler.sampler, sampler.history,
         sampler.rng, tie_bound, ctx.rows_from, keep_batch)
     rejected = keep_batch and (device_failed or len(path) < len(launched.tree))
-    if rejected:
+    if rejected or device_failed and launched.flattened:
         recurrent.undo(ctx)
     if device_failed:  # nothing was kept: the same batch again, read on the host
         ctx.off_device("a verification row")

@@ -218,21 +218,23 @@ NB_MODULE(_native, m) {
     m.def(
         "launch",
         [](uintptr_t ctx, int32_t n_past, vec_in<const int32_t> pending, vec_in<const int32_t> tokens,
-           vec_in<const int32_t> parents, bool all_pending_rows, int32_t pad_to, int32_t pad_seq) {
+           vec_in<const int32_t> parents, bool all_pending_rows, int32_t pad_to, int32_t pad_seq, int32_t layout) {
             const ls::draft_tree tree = tree_of(tokens, parents);
             auto * batch = new ls::launched();
             int32_t status;
             {
                 nb::gil_scoped_release release;
                 status = ls::launch(reinterpret_cast<llama_context *>(ctx), n_past, pending.data(),
-                                    int32_t(pending.shape(0)), tree, all_pending_rows, pad_to, pad_seq, *batch);
+                                    int32_t(pending.shape(0)), tree, all_pending_rows, pad_to, pad_seq, *batch,
+                                    ls::tree_layout(layout));
             }
             return nb::make_tuple(nb::cast(batch, nb::rv_policy::take_ownership), status);
         },
         "ctx"_a, "n_past"_a, "pending"_a, "tokens"_a, "parents"_a, "all_pending_rows"_a, "pad_to"_a = 0,
-        "pad_seq"_a = -1,
+        "pad_seq"_a = -1, "layout"_a = 0,
         "Start the target's forward over the pending tokens and a draft tree (a GPU computes it\n"
-        "after this returns). Returns (the batch in flight, llama_decode's status).");
+        "after this returns; layout: native/step.h's tree_layout, 0 shared, 1 flat, 2 every\n"
+        "sequence). Returns (the batch in flight, llama_decode's status).");
     m.def(
         "finish",
         [](uintptr_t ctx, const ls::launched & batch, vec_in<const int32_t> q_offsets, vec_in<const int32_t> q_ids,

@@ -1,5 +1,6 @@
 #include "step.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -48,9 +49,97 @@ void drop(llama_memory_t mem, const launched & b) {
 
 }  // namespace
 
+namespace {
+
+// The rows of a flattened tree (see launch): each leaf's path, root to leaf, leaves in
+// sequence order; per row its node and sequence.
+void flat_rows(const draft_tree & tree, std::vector<int32_t> & nodes, std::vector<int32_t> & seqs) {
+    std::vector<bool> has_child(tree.n_nodes, false);
+    for (int32_t i = 0; i < tree.n_nodes; ++i) {
+        if (tree.parents[i] >= 0) has_child[tree.parents[i]] = true;
+    }
+    int32_t seq = 0;
+    for (int32_t leaf = 0; leaf < tree.n_nodes; ++leaf) {
+        if (has_child[leaf]) continue;
+        const size_t start = nodes.size();
+        for (int32_t i = leaf; i >= 0; i = tree.parents[i]) nodes.push_back(i);
+        std::reverse(nodes.begin() + start, nodes.end());
+        seqs.resize(nodes.size(), seq++);
+    }
+}
+
+int32_t launch_flat(llama_context * ctx, int32_t n_past, const int32_t * pending, int32_t n_pending,
+                    const draft_tree & tree, bool all_pending_rows, launched & out) {
+    std::vector<int32_t> nodes, seq_of_row;
+    flat_rows(tree, nodes, seq_of_row);
+    out.n_past = n_past;
+    out.n_pending = n_pending;
+    out.n_seqs = seq_of_row.empty() ? 0 : seq_of_row.back() + 1;
+    out.n_shared = int32_t(llama_n_seq_max(ctx));
+    if (out.n_seqs >= out.n_shared) {
+        throw std::invalid_argument("launch: a flattened tree needs a sequence more than it has leaves");
+    }
+    out.tokens.assign(tree.tokens, tree.tokens + tree.n_nodes);
+    out.parents.assign(tree.parents, tree.parents + tree.n_nodes);
+    out.seq_of.assign(tree.n_nodes, -1);
+    out.node_rows.assign(tree.n_nodes, -1);
+    out.flat = true;
+    out.first_path.clear();
+
+    const int32_t n_rows = n_pending + int32_t(nodes.size()), root = n_pending - 1;
+    std::vector<int32_t> tokens(n_rows), pos(n_rows), offsets(n_rows + 1, 0), flat, depth(tree.n_nodes);
+    std::vector<int8_t>  outputs(n_rows, 0);
+    for (int32_t i = 0; i < n_pending; ++i) {
+        tokens[i] = pending[i];
+        pos[i] = n_past + i;
+        outputs[i] = all_pending_rows || i == root;
+        for (int32_t s = 0; s < out.n_shared; ++s) flat.push_back(s);
+        offsets[i + 1] = int32_t(flat.size());
+    }
+    for (int32_t i = 0; i < tree.n_nodes; ++i) depth[i] = tree.parents[i] < 0 ? 1 : depth[tree.parents[i]] + 1;
+    for (size_t k = 0; k < nodes.size(); ++k) {
+        const int32_t node = nodes[k], row = n_pending + int32_t(k), seq = seq_of_row[k];
+        tokens[row] = tree.tokens[node];
+        pos[row] = n_past + root + depth[node];
+        outputs[row] = 1;
+        flat.push_back(seq);
+        offsets[row + 1] = int32_t(flat.size());
+        if (out.node_rows[node] < 0) {
+            out.node_rows[node] = row;
+            out.seq_of[node] = seq;
+        }
+        if (seq == 0) out.first_path.push_back(node);
+    }
+    const auto t0 = clock_type::now();
+    const int32_t status = decode(ctx, n_rows, tokens.data(), pos.data(), offsets.data(), flat.data(),
+                                  outputs.data());
+    out.decode_s = since(t0);
+    return status;  // (llama_decode leaves a hybrid's cache as it was where it fails)
+}
+
+// After a flattened batch, every sequence as the first path's (n_kept > 0: its nodes kept)
+// or as the first one without a path (the state after the pending tokens, which every
+// sequence without a path shares), touching no cell before the tree's.
+void keep_flat(llama_memory_t mem, const launched & b, int32_t n_kept) {
+    const llama_pos first = b.n_past + b.n_pending;
+    const int32_t idle = b.n_seqs;  // the first sequence without a path
+    // A path's sequence back to the state after the pending tokens (a copy with an empty range
+    // copies no cells: llama.cpp's recurrent copy takes the whole state whatever the range),
+    // which lets its path's cells go (a recurrent state refuses a cut before its end).
+    for (int32_t s = n_kept ? 1 : 0; s < b.n_seqs; ++s) {
+        llama_memory_seq_cp(mem, idle, s, first, first);
+        seq_rm(mem, s, first, -1);
+    }
+    // The first path kept whole: every other sequence gains its cells and its state.
+    for (int32_t s = 1; n_kept && s < b.n_shared; ++s) llama_memory_seq_cp(mem, 0, s, first, first + n_kept);
+}
+
+}  // namespace
+
 int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int32_t n_pending,
                const draft_tree & tree, bool all_pending_rows, int32_t pad_to, int32_t pad_seq,
-               launched & out) {
+               launched & out, tree_layout layout) {
+    if (layout == tree_layout::flat) return launch_flat(ctx, n_past, pending, n_pending, tree, all_pending_rows, out);
     if (n_pending < 1) throw std::invalid_argument("launch: the root must be pending");
     std::vector<std::vector<int32_t>> seqs;
     out.n_past = n_past;
@@ -84,7 +173,11 @@ int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int
         tokens[row] = tree.tokens[i];
         pos[row] = n_past + root + depth[i];
         outputs[row] = 1;
-        flat.insert(flat.end(), seqs[i].begin(), seqs[i].end());
+        if (layout == tree_layout::every_sequence) {
+            for (int32_t s = 0; s < out.n_shared; ++s) flat.push_back(s);
+        } else {
+            flat.insert(flat.end(), seqs[i].begin(), seqs[i].end());
+        }
         offsets[row + 1] = int32_t(flat.size());
         out.seq_of[i] = seqs[i][0];
     }
@@ -162,7 +255,7 @@ bool verify_greedy_on_device(llama_context * ctx, const draft_tree & tree, verif
     std::vector<std::vector<int32_t>> children(tree.n_nodes + 1);
     for (int32_t i = 0; i < tree.n_nodes; ++i) children[tree.parents[i] + 1].push_back(i);
     for (int32_t cur = -1;;) {
-        const llama_token best = device_token(ctx, tree.root_row + cur + 1);
+        const llama_token best = device_token(ctx, row_of(tree, cur));
         if (best < 0) return false;
         int32_t next = -1;
         for (int32_t c : children[cur + 1]) {
@@ -196,6 +289,7 @@ step_result finish(llama_context * ctx, const launched & b, const int32_t * q_of
     tree.q_offsets = q_offsets;
     tree.q_ids     = q_ids;
     tree.q_probs   = q_probs;
+    tree.node_rows = b.flat ? b.node_rows.data() : nullptr;
     llama_memory_t mem = llama_get_memory(ctx);
     const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx)));
     bool ok = true;
@@ -221,7 +315,15 @@ step_result finish(llama_context * ctx, const launched & b, const int32_t * q_of
     if (!ok) {
         res.verdict = {};
         res.device_failed = true;
-        if (!keep_batch) drop(mem, b);
+        if (!keep_batch && !b.flat) drop(mem, b);  // (a flattened one the caller undoes)
+        return res;
+    }
+    if (b.flat) {
+        const auto & path = res.verdict.path;
+        if (!b.tokens.empty()) {  // (an empty tree left every sequence as the others)
+            res.n_cached = path == b.first_path ? int32_t(path.size()) : 0;
+            keep_flat(mem, b, res.n_cached);
+        }
         return res;
     }
 

@@ -23,6 +23,10 @@ struct launched {
     int32_t n_shared = 1;                  // sequences 0.. that hold the context (every tree's)
     int32_t pad_seq = -1;                  // the sequence of the padding rows (-1: none)
     double decode_s = 0.0;                 // in llama_decode
+    // Flattened (a hybrid target's tree: see launch): each node's first row, and the path
+    // laid out first (sequence 0's, its nodes root to leaf).
+    bool flat = false;
+    std::vector<int32_t> node_rows, first_path;
 };
 
 struct step_result {
@@ -53,9 +57,19 @@ llama_token device_token(llama_context * ctx, int32_t row);
 // sequence alone (no other row sees them; finish() drops them): batches of a few fixed sizes
 // let llama.cpp, and CUDA its captured graph, reuse the last iteration's graph. Returns
 // llama_decode's status; on failure the cache is as it was.
+// A hybrid target keeps a recurrent state per sequence, and llama.cpp decodes a batch for it
+// as sub-batches of equal runs of disjoint sequence sets (a forward each): `layout` says how
+// the tree's rows sit in sequences.
+// - shared: as above (a node in the sequences of every path through it).
+// - flat: each root-to-leaf path in rows of its own, in its leaf's sequence alone (shared nodes
+//   repeated); the pending tokens in every sequence, so that one without a path (there must
+//   be one) keeps the state after them. Two forwards at least. No padding.
+// - every_sequence: a chain, every row in every sequence (one forward); the caller undoes a
+//   rejection from a checkpoint (finish's keep_batch).
+enum class tree_layout : int32_t { shared = 0, flat = 1, every_sequence = 2 };
 int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int32_t n_pending,
                const draft_tree & tree, bool all_pending_rows, int32_t pad_to, int32_t pad_seq,
-               launched & out);
+               launched & out, tree_layout layout = tree_layout::shared);
 
 // Sampling on the device: a sampler chain attached to every sequence runs inside the
 // forward's graph, so a row hands back what acceptance needs instead of its full-vocabulary
@@ -96,6 +110,9 @@ enum class rows_from : int32_t { host = 0, device_argmax = 1, device_top_k = 2 }
 // without valid ones ends it with device_failed set and the batch dropped.
 // keep_batch: the cache is not edited at all (a recurrent state that cannot be rolled back,
 // which the caller restores from a checkpoint where something was rejected).
+// A flattened batch keeps the accepted path where it is the whole of the first path laid out
+// (its cells follow the pending tokens', in position order), else only the pending tokens
+// (the state of the sequence without a path); then every sequence is that one's copy.
 step_result finish(llama_context * ctx, const launched & batch, const int32_t * q_offsets,
                    const int32_t * q_ids, const float * q_probs, sampler & smp, rng & r,
                    const int32_t * history, int32_t n_history, float tie_bound, rows_from rows,

@@ -106,8 +106,8 @@ verify_result verify_tree(const logits_rows & rows, int32_t n_vocab, const draft
     distribution p;
     int32_t cur = -1;  // the root
     for (;;) {
-        const row_view row = rows(tree.root_row + cur + 1);
-        if (!row.logits) throw missing_row("verify: no logits for batch row " + std::to_string(tree.root_row + cur + 1));
+        const row_view row = rows(row_of(tree, cur));
+        if (!row.logits) throw missing_row("verify: no logits for batch row " + std::to_string(row_of(tree, cur)));
         if (tie_bound > 0.0f && smp.greedy() && top_two_gap(row.logits, row.n) < tie_bound) {
             res.unsettled = true;  // this row could rank differently in a single-token forward
             return res;

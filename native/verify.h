@@ -13,18 +13,25 @@
 namespace ls {
 
 // A draft tree in flat arrays. Node i's parent is parents[i] < i (-1: the root, i.e. the last
-// accepted token). Batch rows: the root's logits are row `root_row`, node i's root_row + 1 + i.
+// accepted token). Batch rows: the root's logits are row `root_row`, node i's root_row + 1 + i,
+// or node_rows[i] where the batch laid the tree out otherwise (each path in rows of its own).
 struct draft_tree {
     int32_t         n_nodes  = 0;
     int32_t         root_row = 0;
     const int32_t * tokens   = nullptr;
     const int32_t * parents = nullptr;
+    const int32_t * node_rows = nullptr;
     // Sampled drafts: node i was drawn from the draft distribution
     // q_ids/q_probs[q_offsets[i] .. q_offsets[i+1]). Null: drafts were picked deterministically.
     const int32_t * q_offsets = nullptr;
     const int32_t * q_ids     = nullptr;
     const float   * q_probs   = nullptr;
 };
+
+// The batch row of node `node` (-1: the root).
+inline int32_t row_of(const draft_tree & tree, int32_t node) {
+    return node < 0 ? tree.root_row : tree.node_rows ? tree.node_rows[node] : tree.root_row + 1 + node;
+}
 
 struct verify_result {
     std::vector<int32_t> path;          // accepted node indices, root to leaf

@@ -4,8 +4,10 @@ RWKV-7 alone), as tiny random-weight GGUFs (random_gguf.py). llama.cpp cannot cu
 state back to an earlier position: the prompt cache and a cancelled request restore a saved
 state or decode what they keep again, and verification rolls the state back by what it
 rejects where llama.cpp can and the engine keeps rollback steps (n_rs_seq: Qwen3.5's, LFM2's,
-Nemotron-H's); otherwise (the default) a batch that rejects a node is undone from a checkpoint
-taken before it. What they answer must be what a
+Nemotron-H's); otherwise (the default) a hybrid verifies trees flattened, each path in a
+sequence of its own, and one sequence without a path keeps the state after the batch's pending
+tokens (native/step.h), and a recurrent-only target (Mamba-2, RWKV-7) verifies chains, a batch
+that rejects a node undone from a checkpoint taken before it. What they answer must be what a
 cold start and plain decoding answer."""
 
 from __future__ import annotations
@@ -42,9 +44,11 @@ def engine(request, tmp_path_factory, small_path):
     path = make(request.param, "tiny", tmp_path_factory.mktemp("hybrid") / f"{request.param}.gguf",
                 tokenizer=small_path)
     notices = []
-    # rollback 8: the families that can roll back do (the default undoes from checkpoints, as the
-    # others do here, and as test_a_plain_engine... tests on qwen35)
-    engine = Engine(EngineConfig(model=str(path), n_ctx=1024, threads=2, rollback=8), notice=notices.append)
+    # rollback 8 for the families that can roll back; the other hybrids verify trees flattened
+    # (the default: test_a_hybrids_trees... tests it on qwen35), Mamba-2 and RWKV-7 undo chains
+    # from checkpoints (as --strict does for all, and test_a_plain_engine... on qwen35)
+    rollback = 8 if request.param in ROLLS_BACK else 0
+    engine = Engine(EngineConfig(model=str(path), n_ctx=1024, threads=2, rollback=rollback), notice=notices.append)
     engine.notices = notices
     yield engine
     engine.close()
@@ -82,31 +86,84 @@ def test_a_recurrent_target_answers_as_a_cold_start_after_any_cut(engine):
 
 def test_greedy_speculation_on_a_recurrent_target_is_plain_decodings(engine):
     """Chains verified in one batch, the state rolled back by what was rejected (or undone
-    from its checkpoint): plain decoding's output (or first different at a measured near-tie).
-    The synthetic drafter proposes plain decoding's own answer broken at drawn depths, so every
-    rollback from one token to all but the root happens; lookup, suffix and auto run as a
-    user's would; then the cache answers as a cold start does."""
+    from its checkpoint), and on hybrids that cannot roll back trees verified flattened:
+    plain decoding's output (or first different at a measured near-tie). The synthetic
+    drafter proposes plain decoding's own answer broken at drawn depths, so every rollback
+    from one token to all but the root happens (and, with a second branch per level, both a
+    first path accepted whole and one left for another); lookup, suffix and auto run as a
+    user's would; then the cache answers as a cold start does and, after a tree, every
+    sequence holds what a prefill of the context holds."""
     ctx, curve = engine.ctx, engine.planning.prepare()
     rolls_back = engine.model.architecture in ROLLS_BACK
-    assert (ctx.rollback > 0) == rolls_back and ctx.checkpoints == (not rolls_back)
-    assert ctx.config.n_seq_max == 1
+    flat = engine.model.hybrid and not rolls_back
+    assert (ctx.rollback > 0) == rolls_back and ctx.flat == flat and ctx.checkpoints == (not rolls_back)
+    assert ctx.n_paths == (8 if flat else 1)
     prompt = engine.model.tokenize(PROMPT)
     truth, _ = run_ours(engine, prompt, NONE, 48, GREEDY)
     stats = Stats()
-    for seed, rates in enumerate(([0.9, 0.7, 0.5, 0.3], [0.95] * (ctx.rollback or 8))):
+    for seed, (rates, branches) in enumerate((([0.9, 0.7, 0.5, 0.3], 1), ([0.95] * (ctx.rollback or 8), 1),
+                                              ([0.9, 0.7, 0.5, 0.3], 2))):
         ctx.clear()
-        drafter = SyntheticDrafter(prompt + truth, rates, engine.model.n_vocab, seed=seed)
-        controller = Fixed(drafter, Budget(curve, 1, len(rates), static=True), "synthetic")
-        out = [t for it in run(ctx, controller, prompt, GREEDY, 48, stats, RunOptions(stop_at_eog=False))
-               for t in it.tokens]
+        drafter = SyntheticDrafter(prompt + truth, rates, engine.model.n_vocab, branches=branches, seed=seed)
+        budget = Budget(curve, ctx.n_paths, len(rates) * branches, static=True, flat=ctx.flat)
+        out = [t for it in run(ctx, Fixed(drafter, budget, "synthetic"), prompt, GREEDY, 48, stats,
+                               RunOptions(stop_at_eog=False)) for t in it.tokens]
         assert out == truth or near_tie(engine, prompt, truth, out), rates
     assert stats.draft_n > stats.draft_n_accepted > 0  # accepted, and rolled back
+    if flat:
+        every_sequence_holds_a_prefill(engine)
     for drafter in ("lookup", "suffix", "auto"):
         out, _ = run_ours(engine, prompt, DrafterSpec.parse(drafter), 48, GREEDY)
         assert out == truth or near_tie(engine, prompt, truth, out), drafter
     cold = answer(engine, PROMPT, cache=False).tokens
     answer(engine, PROMPT, drafter="suffix")
     assert answer(engine, PROMPT).tokens == cold
+
+
+def every_sequence_holds_a_prefill(engine: Engine) -> None:
+    """Each sequence of the engine's context decodes a next token as sequence 0 does, and that
+    as a fresh context holding the same tokens does: closer than one missing the last token
+    comes (the states were built by batches of other sizes, so not bit for bit)."""
+    from localspec.llama.context import Context, ContextConfig
+    ctx, token = engine.ctx, 42
+    n = len(ctx.tokens)
+
+    def fresh(tokens):
+        with Context(engine.model, ContextConfig(n_ctx=ctx.n_ctx, n_threads=2)) as c:
+            c.extend(tokens)
+            c.append(token)
+            return c.logits(0).copy()
+    want, short = fresh(ctx.tokens), fresh(ctx.tokens[:-1])
+    rows = []
+    for s in range(ctx.config.n_seq_max):
+        ctx.decode([token], [n], [[s]], outputs=[True])
+        rows.append(ctx.logits(0).copy())
+    for s, row in enumerate(rows):
+        assert np.abs(row - rows[0]).max() <= 1e-5, s
+    assert np.abs(rows[0] - want).max() < np.abs(short - want).max() / 10
+    ctx.clear()
+
+
+def test_a_hybrids_trees_are_verified_flattened_and_decode_as_plain(tmp_path, small_path):
+    """A tree drafter on a hybrid (a draft model's trees, the SmolLM2 test model drafting for
+    a qwen35 that shares its tokenizer): its output is plain decoding's, some trees branch,
+    and afterwards every sequence holds what a prefill holds."""
+    path = make("qwen35", "tiny", tmp_path / "qwen35.gguf", tokenizer=small_path)
+    engine = Engine(EngineConfig(model=str(path), n_ctx=1024, threads=2))
+    try:
+        assert engine.ctx.flat and engine.ctx.n_paths == 8
+        prompt = engine.model.tokenize(PROMPT)
+        truth, _ = run_ours(engine, prompt, NONE, 32, GREEDY)
+        spec = DrafterSpec.parse(f"draft-tree:{small_path}@8")  # a static K: trees whatever they cost
+        drafter, leaves = engine.drafters.get(spec), []
+        observe = drafter.observe
+        drafter.observe = lambda tree, verdict: (leaves.append(tree.n_leaves()), observe(tree, verdict))
+        out, _ = run_ours(engine, prompt, spec, 32, GREEDY)
+        assert out == truth or near_tie(engine, prompt, truth, out)
+        assert max(leaves) > 1  # trees were verified
+        every_sequence_holds_a_prefill(engine)  # as the last iteration left them
+    finally:
+        engine.close()
 
 
 def test_a_plain_engine_keeps_no_rollback_and_speculates_from_checkpoints(tmp_path, small_path):
@@ -133,9 +190,8 @@ def test_a_plain_engine_keeps_no_rollback_and_speculates_from_checkpoints(tmp_pa
 
 
 def test_a_server_on_recurrent_targets(tmp_path, small_path):
-    """Over HTTP (the server's defaults: rejected batches undone from checkpoints): a family
-    that could roll back and one that cannot both speculate when a request names a drafter,
-    and chat."""
+    """Over HTTP (the server's defaults: trees verified flattened): a family that could roll
+    back and one that cannot both speculate when a request names a drafter, and chat."""
     import httpx
 
     from test_serve import serving

@@ -182,9 +182,11 @@ def run_synthetic(engine: Engine, prompts: list[list[int]], rates: Sequence[floa
     if ctx.rollback and k > ctx.rollback:
         raise LocalspecError(f"a chain of {k} on {engine.model.architecture}: its state rolls back by at most "
                              f"{ctx.rollback} tokens")
-    # A recurrent target verifies chains only (one sequence, rolled back by what it rejects).
-    configs = arms(rates, trees=not ctx.recurrent)
-    if not ctx.recurrent and (2 * k + 1 > ctx.config.n_batch or k + 1 > ctx.config.n_seq_max):
+    # Chains only where a context has one path (a recurrent-only target, or a hybrid with
+    # --rollback or --strict: one sequence, its state rolled back or undone).
+    trees = ctx.n_paths > 1
+    configs = arms(rates, trees=trees)
+    if trees and (2 * k + 1 > ctx.config.n_batch or k + 1 > ctx.n_paths):
         raise LocalspecError(f"a tree of 2×{k} needs n_batch ≥ {2 * k + 1} and {k + 1} sequences")
     curve = engine.planning.prepare()
     follower: list[Context] = []  # a second context of the target: what a flipped text goes on as
@@ -201,7 +203,7 @@ def run_synthetic(engine: Engine, prompts: list[list[int]], rates: Sequence[floa
             drafter = SyntheticDrafter(prompt + truth, rates, engine.model.n_vocab, arm.branches, arm.idle_every,
                                        seed=seed + r, follow=follow)
             drafter.clock = clock
-            controller = Fixed(drafter, Budget(curve, ctx.config.n_seq_max, k * arm.branches, static=True), arm.name)
+            controller = Fixed(drafter, Budget(curve, ctx.n_paths, k * arm.branches, static=True, flat=ctx.flat), arm.name)
         else:
             controller = Plain()
         stats, out = Stats(), []

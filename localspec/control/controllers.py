@@ -24,16 +24,17 @@ Choice = tuple[Drafter, Budget, DraftTree]
 
 
 def controller_for(spec: DrafterSpec, drafters: Drafters, curve: Callable[[], CostModel],
-                   n_seq_max: int) -> Plain | Fixed | CascadeController:
+                   n_seq_max: int, flat: bool = False) -> Plain | Fixed | CascadeController:
     """What runs requests with this spec, its drafters built (the ones that cannot be had say
-    so here, before `curve` is asked for: measuring it may take seconds)."""
+    so here, before `curve` is asked for: measuring it may take seconds). n_seq_max: the
+    paths a tree may have; flat: each verified in rows of its own (Budget)."""
     if spec.kind == "none":
         return Plain()
     if spec.kind != "auto":
         drafter = drafters.get(spec)
-        return Fixed(drafter, Budget(curve(), n_seq_max, spec.k, static=spec.k is not None), spec.label)
+        return Fixed(drafter, Budget(curve(), n_seq_max, spec.k, static=spec.k is not None, flat=flat), spec.label)
     members = {d.label: drafters.get(d) for d in spec.members or drafters.available()}
-    return CascadeController(members, curve(), n_seq_max)
+    return CascadeController(members, curve(), n_seq_max, flat=flat)
 
 
 class Plain:
@@ -86,11 +87,11 @@ class CascadeController:
     so a request that copies does not wait for a test phase to find out."""
 
     def __init__(self, members: dict[str, Drafter], curve: CostModel, n_seq_max: int,
-                 cfg: CascadeConfig = CascadeConfig(), sure_at: float = 1.3):
+                 cfg: CascadeConfig = CascadeConfig(), sure_at: float = 1.3, flat: bool = False):
         self.members = members
         self.drafters = tuple(members.values())
         self._names = {id(d): name for name, d in members.items()}
-        self.curve, self.n_seq_max = curve, n_seq_max
+        self.curve, self.n_seq_max, self.flat = curve, n_seq_max, flat
         # Per drafter, accepted / drafted tokens: the cost curve turns it into a starting K.
         self.acceptance = {d: DecayingRatio(prior=0.5, decay=1.0) for d in members}
         self._context: list[int] = []
@@ -120,7 +121,7 @@ class CascadeController:
         proposals, budgets = {}, {}
         self._sure = None
         for w in self.watched:
-            budget = budgets[w] = Budget(curve, self.n_seq_max)
+            budget = budgets[w] = Budget(curve, self.n_seq_max, flat=self.flat)
             proposals[w] = self.members[w].propose(context, budget)
             if budget.speedup(proposals[w]) >= self.sure_at:
                 self._sure = w
@@ -130,12 +131,12 @@ class CascadeController:
         self.arm, self.phase = f"{name}@{k}" if k else "plain", self.cascade.phase
         if (name, k) == PLAIN:
             for w, proposal in proposals.items():
-                tree = Budget(curve, self.n_seq_max, self.cascade.k_start(w)).size(proposal)
+                tree = Budget(curve, self.n_seq_max, self.cascade.k_start(w), flat=self.flat).size(proposal)
                 self._shadows.append((w, len(context), tree, curve.ratio(1 + len(tree))))
             return None
         if room <= 0:
             return None
-        budget = (budgets[name] if name in budgets else Budget(curve, self.n_seq_max)).within(min(k, room))
+        budget = (budgets[name] if name in budgets else Budget(curve, self.n_seq_max, flat=self.flat)).within(min(k, room))
         proposal = proposals.get(name)
         return self.members[name], budget, proposal if proposal is not None else self.members[name].propose(context, budget)
 

@@ -28,13 +28,15 @@ from localspec.verify import DraftTree, Verdict, depths_of
 class Budget:
     """What one proposal may hold: at most `max_nodes` nodes, each worth its place by the cost
     curve (expected tokens per second), or, with `static`, up to max_nodes whatever they cost
-    (a static K: the configurations Cascade is measured against)."""
+    (a static K: the configurations Cascade is measured against). `flat`: a tree is verified
+    flattened, each root-to-leaf path in rows of its own (a hybrid target's), and priced so."""
 
     def __init__(self, curve: CostModel, n_seq_max: int, max_nodes: int | None = None,
-                 static: bool = False):
+                 static: bool = False, flat: bool = False):
         self.curve = curve
         self.n_seq_max = n_seq_max
         self.static = static
+        self.flat = flat
         n_curve = len(curve.seconds) - 1
         self.max_nodes = n_curve if max_nodes is None else max_nodes if static else min(max_nodes, n_curve)
         # The last few trees size() was asked about, by id, and its answers: a proposal is
@@ -45,13 +47,13 @@ class Budget:
     def at(self, n_context: int) -> Budget:
         """This budget after n_context tokens of context (a wide batch costs more there)."""
         curve = self.curve.at(n_context)
-        return self if curve is self.curve else Budget(curve, self.n_seq_max, self.max_nodes, self.static)
+        return self if curve is self.curve else Budget(curve, self.n_seq_max, self.max_nodes, self.static, self.flat)
 
     def within(self, n: int) -> Budget:
         """This budget, holding at most n nodes (the room left in the request or context)."""
         if n >= self.max_nodes:
             return self
-        smaller = Budget(self.curve, self.n_seq_max, n, self.static)
+        smaller = Budget(self.curve, self.n_seq_max, n, self.static, self.flat)
         if not self.static:  # a tree this one sized to n nodes or fewer sizes the same there
             smaller._sized = {i: seen for i, seen in self._sized.items() if len(seen[1]) <= n}
         return smaller
@@ -70,9 +72,13 @@ class Budget:
             return seen[1]
         # Plain floats: a few dozen nodes, every iteration, where numpy's calls cost more.
         rates, gain, seconds = [1.0 / self.curve.seconds[0]], 1.0, self.curve.seconds
+        rows = tree.flat_rows(n_max) if self.flat else range(n_max + 1)
         for n, reach in enumerate(tree.reach[:n_max].tolist(), 1):
+            if rows[n] >= len(seconds):  # flattened, wider than the curve
+                break
             gain += reach
-            rates.append(gain / seconds[n])  # seconds[n] = cost(1 + n)
+            rates.append(gain / seconds[rows[n]])  # seconds[n] = cost(1 + n)
+        n_max = len(rates) - 1
         best = max(range(n_max + 1), key=rates.__getitem__)  # the first best: fewer nodes
         if best and tree.prefix(best).n_leaves() > self.n_seq_max:  # too many paths: the next best
             best = next((n for n in sorted(range(n_max + 1), key=lambda n: -rates[n])
@@ -89,7 +95,8 @@ class Budget:
         kept = self.size(tree)
         if not len(kept):
             return 1.0
-        return (1.0 + float(kept.reach.sum())) * self.curve.cost(1) / self.curve.cost(1 + len(kept))
+        rows = kept.flat_rows(len(kept))[-1] if self.flat else len(kept)
+        return (1.0 + float(kept.reach.sum())) * self.curve.cost(1) / self.curve.cost(1 + rows)
 
     def worth_drafting(self, reach: float, t_draft_token: float, depth: int) -> bool:
         """Should a sequential drafter draft one more token? Its expected gain `reach` must

@@ -255,8 +255,8 @@ def _head(drafters: Drafters, spec: DrafterSpec) -> Drafter:
         if model is not target:
             model.close()
         raise
-    # One sequence a target context (a recurrent state's): chains.
-    trees = drafters.targets[0].config.n_seq_max > 1
+    # One path a target context (a recurrent-only state's): chains.
+    trees = drafters.targets[0].n_paths > 1
     if spec.kind == "dflash":
         return DFlashDrafter(spec.without_k().label, ctx, states, target, spec.branch if trees else 1)
     return HeadDrafter(spec.without_k().label, ctx, states, target, spec.width if trees else 1, spec.branch)

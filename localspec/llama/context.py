@@ -63,6 +63,11 @@ class ContextConfig:
     # A model with a recurrent state (Model.recurrent): how many of a batch's last tokens its
     # state can be rolled back by (llama.cpp's n_rs_seq; 0 where the architecture cannot).
     rollback: int = 0
+    # A hybrid target's draft trees, verified flattened: each root-to-leaf path in rows and a
+    # sequence of its own (a sequence keeps its own recurrent state), and one sequence more,
+    # without a path, keeps the state after the batch's pending tokens; its chains in every
+    # sequence (native/step.h's tree_layout, verify.py).
+    flat_trees: bool = False
     # The MTP layers of its model (llama.cpp's LLAMA_CONTEXT_TYPE_MTP): a drafter's context.
     mtp: bool = False
 
@@ -112,6 +117,8 @@ class Context:
         # a checkpoint.
         self.recurrent = recurrent.Saved() if model.recurrent else None
         self.rollback = ll.llama_n_rs_seq(ptr) if model.recurrent else 0
+        self.flat = config.flat_trees
+        # A batch a rejection undoes from a checkpoint (but a flattened tree, see verify.py).
         self.checkpoints = model.recurrent and not self.rollback
         self.tokens: list[int] = []  # what sequence 0's KV cache holds, position by position
         # Leading positions computed exactly as a cold prefill of tokens[:n_exact] computes them.
@@ -138,6 +145,11 @@ class Context:
         self._shared = np.arange(config.n_seq_max if config.context_in_every_sequence else 1, dtype=np.int32)
         self._one = (np.zeros(1, np.int32), np.zeros(1, np.int32), np.array([0, len(self._shared)], np.int32),
                      self._shared, np.ones(1, np.int8))
+
+    @property
+    def n_paths(self) -> int:
+        """The root-to-leaf paths a draft tree verified here may have (a sequence each)."""
+        return self.config.n_seq_max - (1 if self.flat else 0)
 
     def close(self) -> None:
         if self._device is not None:

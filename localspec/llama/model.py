@@ -174,6 +174,13 @@ class Model:
         return bool(ll.llama_model_is_recurrent(self.ptr) or ll.llama_model_is_hybrid(self.ptr))
 
     @property
+    def hybrid(self) -> bool:
+        """Attention layers beside the recurrent ones (Qwen3.5, LFM2, Granite 4, Nemotron-H):
+        llama.cpp decodes a batch whose sequences share some tokens and not others for these
+        (it splits it), where a recurrent-only model (Mamba, RWKV) refuses one."""
+        return bool(ll.llama_model_is_hybrid(self.ptr))
+
+    @property
     def name(self) -> str:
         return self.meta("general.name") or self.path.stem
 

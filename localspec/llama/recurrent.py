@@ -43,12 +43,12 @@ def checkpoint(ctx: Context) -> None:
 
 def undo(ctx: Context) -> None:
     """Take out what was decoded after ctx.tokens: the cache holds them again, their state as
-    it was (the checkpoint, where one was taken where they end; else decoded again)."""
+    it was (the checkpoint, where one was taken where they end; else from the last saved)."""
     kept = ctx.recurrent.checkpoint
     if kept is not None and kept[0] == len(ctx.tokens):
         _set(ctx, *kept)
     else:
-        restart(ctx, len(ctx.tokens))
+        back_to(ctx, len(ctx.tokens))
 
 
 def back_to(ctx: Context, n: int) -> None:
@@ -83,10 +83,16 @@ def _get(ctx: Context, into: ctypes.Array | None = None) -> ctypes.Array:
 
 
 def _set(ctx: Context, m: int, state: ctypes.Array) -> None:
-    """Sequence 0 back at position m: the state saved there, the attention cells from m on gone."""
+    """Sequence 0 back at position m: the state saved there, the attention cells from m on
+    gone; every other sequence (a flattened tree's, Context.flat) its copy again."""
     ll.llama_state_seq_set_data_ext(ctx.ptr, state, len(state), 0, PARTIAL_STATE)
     if not ll.llama_memory_seq_rm(ctx.mem, 0, m, -1):  # the restored state ends at m
         raise LocalspecError(f"cannot go back to position {m} of a recurrent state")
+    for s in range(1, ctx.config.n_seq_max):
+        # The state, not a cell (llama.cpp's recurrent copy takes the whole state whatever the
+        # range): then the cut, which a recurrent state refuses before its end.
+        ll.llama_memory_seq_cp(ctx.mem, 0, s, m, m)
+        ll.llama_memory_seq_rm(ctx.mem, s, m, -1)
 
 
 def restart(ctx: Context, n: int) -> None:
