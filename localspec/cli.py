@@ -69,8 +69,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rollback", type=int, default=0, metavar="N",
                    help="a hybrid or recurrent target (Qwen3.5, LFM2, Nemotron-H) keeps N steps of its "
                         "state for verification to roll a chain back by (llama.cpp's n_rs_seq; chains of "
-                        "up to N); 0 (the default): a rejected batch is undone from a copy of the state "
-                        "taken before it, which ran faster on a CPU (docs/benchmarks.md)")
+                        "up to N, in one sequence); 0 (the default): a rejected batch is undone from a copy "
+                        "of the state taken before it, which ran faster on a CPU, and a hybrid's trees are "
+                        "verified flattened, a sequence per path (docs/benchmarks.md)")
     p.add_argument("--curve", metavar="FILE", default="",
                    help="plan drafts with this cost curve (JSON as `localspec cost` caches it, "
                         "another machine's say) instead of this machine's")

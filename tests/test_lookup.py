@@ -92,3 +92,21 @@ def test_a_budget_sizes_each_of_several_proposals_as_a_fresh_one_would():
         n = int(rng.integers(1, 12))
         capped = budget.within(n).size(trees[i])
         assert capped.tokens.tolist() == Budget(CURVE, n_seq_max=8, max_nodes=n).size(trees[i]).tokens.tolist()
+
+
+def test_a_flattened_tree_is_priced_by_its_rows():
+    """On a hybrid target every root-to-leaf path is verified in rows of its own: a prefix's
+    rows are the sum of its paths' depths, and the budget prices (and so sizes) a tree by them,
+    keeping fewer branches than where the rows are the nodes."""
+    # root -> 0 -> 1 -> 2, and 0 -> 3, 1 -> 4: paths 0-1-2, 0-3, 0-1-4
+    tree = DraftTree(np.arange(5, dtype=np.int32), np.array([-1, 0, 1, 0, 1], np.int32),
+                     np.array([0.9, 0.8, 0.7, 0.3, 0.2]))
+    assert tree.flat_rows(5) == [0, 1, 2, 3, 5, 8]
+    chain = DraftTree(np.arange(4, dtype=np.int32), np.array([-1, 0, 1, 2], np.int32), np.full(4, 0.9))
+    assert chain.flat_rows(4) == [0, 1, 2, 3, 4]  # a chain: rows are nodes
+    # a curve where rows cost: the branches pay as nodes, not as repeated paths
+    curve = CostCurve([0.01 * (1 + 0.03 * n) for n in range(16)], 0)
+    shared, flat = Budget(curve, 8).size(tree), Budget(curve, 8, flat=True).size(tree)
+    assert len(flat) < len(shared) == 5
+    assert Budget(curve, 8, flat=True).speedup(tree) < Budget(curve, 8).speedup(tree)
+    assert Budget(curve, 8, flat=True).size(chain).tokens.tolist() == Budget(curve, 8).size(chain).tokens.tolist()
