@@ -84,17 +84,29 @@ class DraftTree:
     def n_leaves(self) -> int:
         return int((~self.has_child()).sum())
 
-    def flat_rows(self, n: int) -> list[int]:
-        """For each prefix of 0..n nodes, the batch rows it takes flattened, each root-to-leaf
-        path in rows of its own (native launch's flatten): a node under a leaf lengthens that
-        path by one, any other starts a path as long as its depth."""
-        rows, depths, has_child = [0], [], [False] * n
-        for p in self.parents[:n].tolist():
+    def hybrid_forwards(self, n: int) -> list[list[int]]:
+        """For each prefix of 0..n nodes, the rows of each forward a hybrid target decodes it in
+        (native launch's layouts, the root the one pending token): a chain in one forward with
+        the root; a tree flattened, each root-to-leaf path in rows of its own, which llama.cpp
+        splits into the root alone, then equal runs from every path still holding tokens
+        (`split_equal`): one forward per distinct path length."""
+        out: list[list[int]] = [[1]]
+        leaves: dict[int, int] = {}  # leaf -> its depth
+        depths: list[int] = []
+        for i, p in enumerate(self.parents[:n].tolist()):
             depths.append(1 if p < 0 else depths[p] + 1)
-            rows.append(rows[-1] + (depths[-1] if p >= 0 and has_child[p] else 1))
-            if p >= 0:
-                has_child[p] = True
-        return rows
+            leaves.pop(p, None)
+            leaves[i] = depths[-1]
+            if len(leaves) == 1:
+                out.append([1 + i + 1])
+                continue
+            lengths, rows, done = sorted(leaves.values()), [1], 0
+            for k, length in enumerate(lengths):
+                if length > done:
+                    rows.append((len(lengths) - k) * (length - done))
+                    done = length
+            out.append(rows)
+        return out
 
 
 @dataclass

@@ -47,10 +47,6 @@ void drop(llama_memory_t mem, const launched & b) {
     seq_rm(mem, -1, b.n_past, -1);
 }
 
-}  // namespace
-
-namespace {
-
 // The rows of a flattened tree (see launch): each leaf's path, root to leaf, leaves in
 // sequence order; per row its node and sequence.
 void flat_rows(const draft_tree & tree, std::vector<int32_t> & nodes, std::vector<int32_t> & seqs) {
@@ -139,8 +135,8 @@ void keep_flat(llama_memory_t mem, const launched & b, int32_t n_kept) {
 int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int32_t n_pending,
                const draft_tree & tree, bool all_pending_rows, int32_t pad_to, int32_t pad_seq,
                launched & out, tree_layout layout) {
-    if (layout == tree_layout::flat) return launch_flat(ctx, n_past, pending, n_pending, tree, all_pending_rows, out);
     if (n_pending < 1) throw std::invalid_argument("launch: the root must be pending");
+    if (layout == tree_layout::flat) return launch_flat(ctx, n_past, pending, n_pending, tree, all_pending_rows, out);
     std::vector<std::vector<int32_t>> seqs;
     out.n_past = n_past;
     out.n_pending = n_pending;

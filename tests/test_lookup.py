@@ -94,19 +94,19 @@ def test_a_budget_sizes_each_of_several_proposals_as_a_fresh_one_would():
         assert capped.tokens.tolist() == Budget(CURVE, n_seq_max=8, max_nodes=n).size(trees[i]).tokens.tolist()
 
 
-def test_a_flattened_tree_is_priced_by_its_rows():
-    """On a hybrid target every root-to-leaf path is verified in rows of its own: a prefix's
-    rows are the sum of its paths' depths, and the budget prices (and so sizes) a tree by them,
-    keeping fewer branches than where the rows are the nodes."""
-    # root -> 0 -> 1 -> 2, and 0 -> 3, 1 -> 4: paths 0-1-2, 0-3, 0-1-4
+def test_a_flattened_tree_is_priced_by_its_forwards():
+    """On a hybrid target a chain is one forward, and a tree is verified flattened, every
+    root-to-leaf path in rows of its own, which llama.cpp decodes as the root, then a forward
+    per distinct path length: the budget prices (and so sizes) a tree by those forwards,
+    keeping fewer branches than where its nodes are one forward."""
+    # root -> 0 -> 1 -> 2, and 0 -> 3, 1 -> 4: paths 0-1-2 (3), 0-3 (2), 0-1-4 (3)
     tree = DraftTree(np.arange(5, dtype=np.int32), np.array([-1, 0, 1, 0, 1], np.int32),
                      np.array([0.9, 0.8, 0.7, 0.3, 0.2]))
-    assert tree.flat_rows(5) == [0, 1, 2, 3, 5, 8]
+    assert tree.hybrid_forwards(5) == [[1], [2], [3], [4], [1, 4, 1], [1, 6, 2]]
     chain = DraftTree(np.arange(4, dtype=np.int32), np.array([-1, 0, 1, 2], np.int32), np.full(4, 0.9))
-    assert chain.flat_rows(4) == [0, 1, 2, 3, 4]  # a chain: rows are nodes
-    # a curve where rows cost: the branches pay as nodes, not as repeated paths
-    curve = CostCurve([0.01 * (1 + 0.03 * n) for n in range(16)], 0)
+    assert chain.hybrid_forwards(4) == [[1], [2], [3], [4], [5]]  # a chain: one forward
+    curve = CostCurve([0.01 * (1 + 0.03 * n) for n in range(16)], 0)  # rows nearly free, forwards not
     shared, flat = Budget(curve, 8).size(tree), Budget(curve, 8, flat=True).size(tree)
-    assert len(flat) < len(shared) == 5
+    assert len(shared) == 5 and len(flat) == 3  # the chain 0-1-2
     assert Budget(curve, 8, flat=True).speedup(tree) < Budget(curve, 8).speedup(tree)
     assert Budget(curve, 8, flat=True).size(chain).tokens.tolist() == Budget(curve, 8).size(chain).tokens.tolist()

@@ -28,8 +28,8 @@ from localspec.verify import DraftTree, Verdict, depths_of
 class Budget:
     """What one proposal may hold: at most `max_nodes` nodes, each worth its place by the cost
     curve (expected tokens per second), or, with `static`, up to max_nodes whatever they cost
-    (a static K: the configurations Cascade is measured against). `flat`: a tree is verified
-    flattened, each root-to-leaf path in rows of its own (a hybrid target's), and priced so."""
+    (a static K: the configurations Cascade is measured against). `flat`: a hybrid target's
+    tree is verified flattened and priced so, forward by forward (DraftTree.hybrid_forwards)."""
 
     def __init__(self, curve: CostModel, n_seq_max: int, max_nodes: int | None = None,
                  static: bool = False, flat: bool = False):
@@ -71,13 +71,11 @@ class Budget:
         if (seen := self._sized.get(id(tree))) is not None and seen[0] is tree:
             return seen[1]
         # Plain floats: a few dozen nodes, every iteration, where numpy's calls cost more.
-        rates, gain, seconds = [1.0 / self.curve.seconds[0]], 1.0, self.curve.seconds
-        rows = tree.flat_rows(n_max) if self.flat else range(n_max + 1)
-        for n, reach in enumerate(tree.reach[:n_max].tolist(), 1):
-            if rows[n] >= len(seconds):  # flattened, wider than the curve
-                break
+        rates, gain = [1.0 / self.curve.seconds[0]], 1.0
+        prices = self._flat_prices(tree, n_max) if self.flat else self.curve.seconds  # seconds[n] = cost(1 + n)
+        for n, reach in enumerate(tree.reach[:min(n_max, len(prices) - 1)].tolist(), 1):
             gain += reach
-            rates.append(gain / seconds[rows[n]])  # seconds[n] = cost(1 + n)
+            rates.append(gain / prices[n])
         n_max = len(rates) - 1
         best = max(range(n_max + 1), key=rates.__getitem__)  # the first best: fewer nodes
         if best and tree.prefix(best).n_leaves() > self.n_seq_max:  # too many paths: the next best
@@ -95,8 +93,18 @@ class Budget:
         kept = self.size(tree)
         if not len(kept):
             return 1.0
-        rows = kept.flat_rows(len(kept))[-1] if self.flat else len(kept)
-        return (1.0 + float(kept.reach.sum())) * self.curve.cost(1) / self.curve.cost(1 + rows)
+        price = self._flat_prices(kept, len(kept))[-1] if self.flat else self.curve.cost(1 + len(kept))
+        return (1.0 + float(kept.reach.sum())) * self.curve.cost(1) / price
+
+    def _flat_prices(self, tree: DraftTree, n: int) -> list[float]:
+        """What verifying each prefix of 0..n nodes costs on a hybrid target, its forwards
+        priced one by one; up to the first with a forward wider than the curve."""
+        seconds, prices = self.curve.seconds, []
+        for rows in tree.hybrid_forwards(n):
+            if max(rows) > len(seconds):
+                break
+            prices.append(sum(seconds[r - 1] for r in rows))
+        return prices
 
     def worth_drafting(self, reach: float, t_draft_token: float, depth: int) -> bool:
         """Should a sequential drafter draft one more token? Its expected gain `reach` must

@@ -6,8 +6,10 @@ cached and planned on in place of the coarse one; corrected all along by the loo
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
+import weakref
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
@@ -55,6 +57,7 @@ class Planning:
                 if curve.coarse and self.refine:
                     self._refiner = threading.Thread(target=self._refine, args=(live,), name="localspec-curve",
                                                      daemon=True)
+                    _MEASURING.add(self)
                     self._refiner.start()
         return self._curve
 
@@ -137,3 +140,17 @@ class Planning:
 
 class _Closing(Exception):
     """The engine closed while its curve was being measured."""
+
+
+_MEASURING: weakref.WeakSet[Planning] = weakref.WeakSet()  # engines whose curve a thread measures
+
+
+@atexit.register
+def _stop_measuring() -> None:
+    """At the interpreter's exit, end each measurement under way after its forward: a script
+    that never closed its engines otherwise freed their contexts under a thread inside
+    llama_decode (a segfault at exit, seen with two engines of a new model)."""
+    for planning in list(_MEASURING):
+        planning._closing.set()
+        if planning._refiner is not None:
+            planning._refiner.join()
