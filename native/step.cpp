@@ -47,6 +47,20 @@ void drop(llama_memory_t mem, const launched & b) {
     seq_rm(mem, -1, b.n_past, -1);
 }
 
+// The batch's first rows: the pending tokens, in every one of n_shared sequences (as the
+// context before them); the root's row outputs, and the others' with all_pending_rows.
+void pending_rows(int32_t n_past, const int32_t * pending, int32_t n_pending, bool all_pending_rows, int32_t n_shared,
+                  std::vector<int32_t> & tokens, std::vector<int32_t> & pos, std::vector<int8_t> & outputs,
+                  std::vector<int32_t> & offsets, std::vector<int32_t> & flat) {
+    for (int32_t i = 0; i < n_pending; ++i) {
+        tokens[i] = pending[i];
+        pos[i] = n_past + i;
+        outputs[i] = all_pending_rows || i == n_pending - 1;
+        for (int32_t s = 0; s < n_shared; ++s) flat.push_back(s);
+        offsets[i + 1] = int32_t(flat.size());
+    }
+}
+
 // The rows of a flattened tree (see launch): each leaf's path, root to leaf, leaves in
 // sequence order; per row its node and sequence.
 void flat_rows(const draft_tree & tree, std::vector<int32_t> & nodes, std::vector<int32_t> & seqs) {
@@ -85,13 +99,7 @@ int32_t launch_flat(llama_context * ctx, int32_t n_past, const int32_t * pending
     const int32_t n_rows = n_pending + int32_t(nodes.size()), root = n_pending - 1;
     std::vector<int32_t> tokens(n_rows), pos(n_rows), offsets(n_rows + 1, 0), flat, depth(tree.n_nodes);
     std::vector<int8_t>  outputs(n_rows, 0);
-    for (int32_t i = 0; i < n_pending; ++i) {
-        tokens[i] = pending[i];
-        pos[i] = n_past + i;
-        outputs[i] = all_pending_rows || i == root;
-        for (int32_t s = 0; s < out.n_shared; ++s) flat.push_back(s);
-        offsets[i + 1] = int32_t(flat.size());
-    }
+    pending_rows(n_past, pending, n_pending, all_pending_rows, out.n_shared, tokens, pos, outputs, offsets, flat);
     for (int32_t i = 0; i < tree.n_nodes; ++i) depth[i] = tree.parents[i] < 0 ? 1 : depth[tree.parents[i]] + 1;
     for (size_t k = 0; k < nodes.size(); ++k) {
         const int32_t node = nodes[k], row = n_pending + int32_t(k), seq = seq_of_row[k];
@@ -156,13 +164,7 @@ int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int
     out.pad_seq = n_rows > n_real ? pad_seq : -1;
     std::vector<int32_t> tokens(n_rows), pos(n_rows), offsets(n_rows + 1, 0), flat, depth(tree.n_nodes);
     std::vector<int8_t>  outputs(n_rows, 0);
-    for (int32_t i = 0; i < n_pending; ++i) {
-        tokens[i] = pending[i];
-        pos[i] = n_past + i;
-        outputs[i] = all_pending_rows || i == root;
-        for (int32_t s = 0; s < out.n_shared; ++s) flat.push_back(s);
-        offsets[i + 1] = int32_t(flat.size());
-    }
+    pending_rows(n_past, pending, n_pending, all_pending_rows, out.n_shared, tokens, pos, outputs, offsets, flat);
     for (int32_t i = 0; i < tree.n_nodes; ++i) {
         const int32_t p = tree.parents[i], row = n_pending + i;
         depth[i] = p < 0 ? 1 : depth[p] + 1;

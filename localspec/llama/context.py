@@ -118,8 +118,8 @@ class Context:
         self.recurrent = recurrent.Saved() if model.recurrent else None
         self.rollback = ll.llama_n_rs_seq(ptr) if model.recurrent else 0
         self.flat = config.flat_trees
-        # A batch a rejection undoes from a checkpoint (but a flattened tree, see verify.py).
-        self.checkpoints = model.recurrent and not self.rollback
+        self.n_paths = config.n_seq_max - self.flat  # root-to-leaf paths a tree may have here
+        self.checkpoints = model.recurrent and not self.rollback  # (but a flattened tree's: verify.py)
         self.tokens: list[int] = []  # what sequence 0's KV cache holds, position by position
         # Leading positions computed exactly as a cold prefill of tokens[:n_exact] computes them.
         self.n_exact = 0
@@ -145,11 +145,6 @@ class Context:
         self._shared = np.arange(config.n_seq_max if config.context_in_every_sequence else 1, dtype=np.int32)
         self._one = (np.zeros(1, np.int32), np.zeros(1, np.int32), np.array([0, len(self._shared)], np.int32),
                      self._shared, np.ones(1, np.int8))
-
-    @property
-    def n_paths(self) -> int:
-        """The root-to-leaf paths a draft tree verified here may have (a sequence each)."""
-        return self.config.n_seq_max - (1 if self.flat else 0)
 
     def close(self) -> None:
         if self._device is not None:
