@@ -97,8 +97,8 @@ class DraftTree:
             depths.append(1 if p < 0 else depths[p] + 1)
             leaves.pop(p, None)
             leaves[i] = depths[-1]
-            if len(leaves) == 1:
-                out.append([1 + i + 1])
+            if len(leaves) == 1:  # a chain: the root and its i + 1 nodes
+                out.append([i + 2])
                 continue
             lengths, rows, done = sorted(leaves.values()), [1], 0
             for k, length in enumerate(lengths):
