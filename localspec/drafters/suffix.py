@@ -292,7 +292,7 @@ class SuffixDrafter(Drafter):
         self.max_match = min(max_match, _native.SuffixStore.depth - 1)
         self.max_depth, self.alpha, self.min_share = max_depth, alpha, min_share
         # Of store drafts: text of other documents starts as a weaker bet than the request's own.
-        self.acceptance = MatchAcceptance(base=0.2, cap=0.7)
+        self.acceptance = MatchAcceptance(base=0.2, cap=0.7, long=(0.8, 0.85, 0.9))
 
     def begin(self, prompt: list[int], sampling: SamplingConfig) -> None:
         self.lookup.begin(prompt, sampling)

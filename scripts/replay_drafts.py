@@ -1,0 +1,107 @@
+"""The suffix drafter's sizing replayed over the model's own plain answers, without timing
+noise: `record` keeps a workload's prompts and greedy answers (per turn, sessions built on
+plain decoding's answers, the store's warm documents); `replay` walks each answer as greedy
+verification would, a proposal sized on a cost curve per iteration (the nodes the text
+follows are accepted), and prices every verification on that curve, against plain decoding.
+The drafter learns as it does in the engine (its store takes each answer after its turn).
+`--own-long` / `--store-long` set the priors of 12-, 16- and 24-token matches (MatchAcceptance)
+to compare settings on the same answers.
+
+    .venv/bin/python scripts/replay_drafts.py record chat-session 4 /tmp/chat.json
+    .venv/bin/python scripts/replay_drafts.py replay /tmp/chat.json /tmp/edit.json \\
+        --curve ../shared/gpu/curves/h200-qwen3moe-30b-a3b-q4_k_m.json
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from localspec.bench import workloads
+from localspec.bench.runner import run_ours, turns, warm_documents
+from localspec.drafters import lookup
+from localspec.drafters.base import Budget
+from localspec.drafters.spec import DrafterSpec
+from localspec.drafters.suffix import SuffixDrafter
+from localspec.engine import Engine, EngineConfig
+from localspec.llama.curve import read_curve
+from localspec.sampling import SamplingConfig
+
+
+def record(engine: Engine, workload: str, limit: int, out: Path) -> None:
+    prompts, warm = workloads.load_warm(workload, limit)
+    data = {"warm": warm_documents(engine, warm, 128), "turns": []}
+    for p in prompts:
+        steps = turns(engine, p)
+        tokens = next(steps)
+        while tokens is not None:
+            answer, _ = run_ours(engine, tokens, DrafterSpec.parse("none"), 128, SamplingConfig())
+            answer = [t for t in answer if not engine.model.is_eog(t)]
+            data["turns"].append({"id": p.id, "prompt": tokens, "answer": answer})
+            print(f"{p.id}: {len(tokens)} prompt tokens, {len(answer)} answered", flush=True)
+            try:
+                tokens = steps.send(engine.model.detokenize(answer)) if p.kind == "session" else None
+            except StopIteration:
+                tokens = None
+    out.write_text(json.dumps(data))
+
+
+def replay(engine: Engine, data: dict, curve, own_long, store_long) -> tuple[float, float]:
+    """(speedup over plain decoding on `curve`, tokens per iteration)."""
+    store = engine.drafters.suffix_store()
+    store.rollback(0)
+    for doc in data["warm"]:
+        store.add(doc)
+    drafter = SuffixDrafter(store)
+    if own_long:
+        drafter.lookup.acceptance = lookup.MatchAcceptance(2, long=own_long)
+    if store_long:
+        drafter.acceptance = lookup.MatchAcceptance(base=0.2, cap=0.7, long=store_long)
+    t_spec = t_plain = 0.0
+    n_iterations = n_tokens = 0
+    for turn in data["turns"]:
+        prompt, answer = turn["prompt"], turn["answer"]
+        drafter.begin(prompt, SamplingConfig())
+        pos = 1  # the prompt's forward gave the first token
+        while pos < len(answer):
+            context = prompt + answer[:pos]
+            here = curve.at(len(context))
+            budget = Budget(here, 8).within(len(answer) - pos - 1)
+            tree = budget.size(drafter.propose(context, budget))
+            n = tree.walk(answer[pos:])[0] if len(tree) else 0
+            t_spec += here.cost(1 + len(tree))
+            t_plain += here.cost(1) * (n + 1)
+            n_iterations, n_tokens, pos = n_iterations + 1, n_tokens + n + 1, pos + n + 1
+        store.add(answer)
+    return t_plain / t_spec, n_tokens / max(n_iterations, 1)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct")
+    p.add_argument("--threads", type=int, default=2)
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("record", help="a workload's prompts and plain greedy answers, to a JSON file")
+    r.add_argument("workload")
+    r.add_argument("limit", type=int)
+    r.add_argument("out", type=Path)
+    s = sub.add_parser("replay", help="the suffix drafter sized per curve over recorded answers")
+    s.add_argument("files", nargs="+", type=Path)
+    s.add_argument("--curve", action="append", default=[], help="a cost curve file (default: this machine's)")
+    floats = lambda text: tuple(float(x) for x in text.split(","))  # noqa: E731
+    s.add_argument("--own-long", type=floats, help="priors of 12-, 16-, 24-token matches in the request's own text")
+    s.add_argument("--store-long", type=floats, help="... and in the store")
+    a = p.parse_args()
+    engine = Engine(EngineConfig(model=a.model, threads=a.threads, store=":memory:"))
+    if a.command == "record":
+        record(engine, a.workload, a.limit, a.out)
+        return
+    curves = {Path(c).stem: read_curve(Path(c)) for c in a.curve} or {"this machine": engine.planning.prepare()}
+    for path in a.files:
+        data = json.loads(path.read_text())
+        for name, curve in curves.items():
+            speedup, tau = replay(engine, data, curve, a.own_long, a.store_long)
+            print(f"{path.stem}  {name}: {speedup:.3f}x plain, {tau:.2f} tokens an iteration", flush=True)
+
+
+if __name__ == "__main__":
+    main()
