@@ -65,7 +65,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="where acceptance reads each verified row: inside the target's graph (device: "
                         "greedy's argmax, a token id, or top-k's candidates come back; full rows where "
                         "penalties or top-k 0 need them) or its full logits on the host; auto (the "
-                        "default): device where the output layer is offloaded, host on the CPU")
+                        "default): device where the output layer is offloaded or a bench projects on "
+                        "a --curve, host on the CPU")
     p.add_argument("--rollback", type=int, default=0, metavar="N",
                    help="a hybrid or recurrent target (Qwen3.5, LFM2, Nemotron-H) keeps N steps of its "
                         "state for verification to roll a chain back by (llama.cpp's n_rs_seq; chains of "
@@ -491,7 +492,8 @@ def cmd_bench(a: argparse.Namespace) -> None:
     meta = {"model": str(engine.model.path), "workload": cfg.workload, "n": len(prompts),
             "max_tokens": cfg.max_tokens, "temperature": sampling.temperature, "repeat": cfg.repeat,
             "seed": sampling.seed, "discrepancy": engine.exactness()[0],
-            "projected_on": a.curve or None, "drafts_priced_on": a.draft_curve or None, "argv": sys.argv[1:]}
+            "projected_on": a.curve or None, "drafts_priced_on": a.draft_curve or None,
+            "rows_read_on": "device" if engine.ctx.config.sample_on_device else "host", "argv": sys.argv[1:]}
     if cfg.json_out:
         report.write_json(configs, meta, Path(cfg.json_out), projected_on)
     if cfg.chart:
@@ -516,7 +518,13 @@ def bench_engine(a: argparse.Namespace, specs: list[DrafterSpec]):
     from localspec.progress import StderrProgress
 
     projection = Projection(read_curve(Path(a.draft_curve)).price if a.draft_curve else None) if a.curve else None
-    engine = Engine(replace(pulled_config(a, list(specs)), store=StoreSetting("memory"), whole_curve=True),
+    cfg = pulled_config(a, list(specs))
+    if projection and a.sample_on == "auto":
+        # Priced as another machine's forwards, the rows are read as a GPU reads them (in the
+        # graph): this CPU's reading of every verified row's logits on the host (4-8 ms for a
+        # wide batch) would be charged as host time that machine never spends.
+        cfg = replace(cfg, sample_on_device=True)
+    engine = Engine(replace(cfg, store=StoreSetting("memory"), whole_curve=True),
                     progress=StderrProgress(), draft_clock=projection and projection.clock,
                     heard=projection and projection.heard)
     if projection:

@@ -164,6 +164,7 @@ def test_bench_plans_and_prices_on_another_machines_curve(small_path, tmp_path):
     assert sum(plain_ms.values()) / sum(lookup_ms.values()) == pytest.approx(lookup["projected_speedup"])
     assert lookup["identical"] == 1 and result["meta"]["projected_on"] == str(curve)
     assert result["meta"]["drafts_priced_on"] == str(curve)
+    assert result["meta"]["rows_read_on"] == "device"  # as the GPU whose curve it is reads them
     assert set(plain["ran"]) == {"plain"} and set(lookup["ran"]) == {"lookup"}  # iterations per arm
     assert "projected: every forward priced on the curve in" in r.stdout and "the drafters' forwards on" in r.stdout
 

@@ -63,6 +63,21 @@ def test_drafts_grow_as_deep_as_copies_run_and_stop_where_they_break():
     assert drafter.acceptance.rates()[0, 1] < 0.3  # after a 2-token match, depth 2 leaves
 
 
+def test_a_long_match_is_drafted_long_before_any_evidence():
+    """A fresh drafter at a 24-token match of a long copy (an answer re-emitting an earlier
+    one) drafts deep at once where each node costs a tenth of a token: the long match's prior
+    (0.97) pays to about 21 nodes, a short match's 0.9 to 10."""
+    rng = random.Random(1)
+    earlier = [rng.randrange(1000, 30000) for _ in range(80)]
+    text = [rng.randrange(1000, 30000) for _ in range(50)] + earlier + [7] + earlier
+    drafter = LookupDrafter()
+    context = text[:len(text) - 80 + 30]  # 30 tokens into the copy
+    drafter.begin(context, SamplingConfig())
+    budget = Budget(CostCurve(seconds=[1.0 + 0.1 * n for n in range(64)], n_context=0), n_seq_max=8)
+    tree = budget.size(drafter.propose(context, budget))
+    assert len(tree) >= 18 and tree.walk(text[len(context):])[0] == len(tree)
+
+
 def test_a_match_with_no_room_to_draft_is_an_empty_tree():
     """The store finds occurrences but the budget leaves no node (the request's last token)."""
     acceptance = LookupDrafter().acceptance

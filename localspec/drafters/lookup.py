@@ -59,7 +59,9 @@ class MatchAcceptance:
     priors of matches of 12, 16 and 24+ tokens). Replayed over the model's own answers (chat,
     edit and fim-warm sessions), such matches were followed at 0.95-1.0 at every depth; with
     the short matches' 0.9 (0.7 from the store) a chat answer copying an earlier one drafted
-    2 tokens an iteration for ten iterations, where llama-server's ngram-mod drafted 48.
+    2 tokens an iteration for ten iterations, where llama-server's ngram-mod drafted 48. They
+    stay a little below what was seen, so a text whose copies all break at one length still
+    unlearns them within a few judgements.
     (Priors that also rise with depth drafted deeper into edits, where the old code goes
     stale: edit sessions lost 5% on the MoE curve in the same replay.)
 
