@@ -18,13 +18,14 @@ from pathlib import Path
 
 from localspec.bench import workloads
 from localspec.bench.runner import run_ours, turns, warm_documents
-from localspec.drafters import lookup
 from localspec.drafters.base import Budget
 from localspec.drafters.spec import DrafterSpec
 from localspec.drafters.suffix import SuffixDrafter
 from localspec.engine import Engine, EngineConfig
 from localspec.llama.curve import read_curve
 from localspec.sampling import SamplingConfig
+
+import numpy as np  # after localspec.llama (scripts/README.md)
 
 
 def record(engine: Engine, workload: str, limit: int, out: Path) -> None:
@@ -52,10 +53,10 @@ def replay(engine: Engine, data: dict, curve, own_long, store_long) -> tuple[flo
     for doc in data["warm"]:
         store.add(doc)
     drafter = SuffixDrafter(store)
-    if own_long:
-        drafter.lookup.acceptance = lookup.MatchAcceptance(2, long=own_long)
-    if store_long:
-        drafter.acceptance = lookup.MatchAcceptance(base=0.2, cap=0.7, long=store_long)
+    # The last three buckets are the long matches' (12, 16, 24+ tokens): only their priors change.
+    for acceptance, long in ((drafter.lookup.acceptance, own_long), (drafter.acceptance, store_long)):
+        if long:
+            acceptance.prior[-3:] = np.asarray(long)[:, None]
     t_spec = t_plain = 0.0
     n_iterations = n_tokens = 0
     for turn in data["turns"]:

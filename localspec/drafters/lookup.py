@@ -80,7 +80,8 @@ class MatchAcceptance:
     def __init__(self, n_min: int = 1, base: float = 0.5, cap: float = 0.9,
                  long: tuple[float, float, float] = (0.93, 0.95, 0.97)):
         self.match_lengths = (*range(n_min, 9), 12, 16, 24)
-        prior = np.concatenate([np.minimum(cap, base + 0.1 * np.arange(n_min, 9)), long])
+        short = np.asarray(self.match_lengths[:-len(long)], float)
+        prior = np.concatenate([np.minimum(cap, base + 0.1 * short), long])
         self.prior = np.repeat(prior[:, None], len(self.DEPTH_BINS), axis=1)  # [bucket, depth bin]
         self.followed = np.zeros_like(self.prior)  # tokens the text followed, decayed
         self.reached = np.zeros_like(self.prior)   # tokens it followed or left there, decayed
