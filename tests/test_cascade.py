@@ -239,6 +239,20 @@ def test_a_drafter_predicted_well_below_a_measured_arm_gets_no_trial_until_that_
 
 
 @pytest.mark.unit
+def test_a_drafter_predicted_to_pay_by_less_than_a_trial_can_tell_waits():
+    """A drafter never measured and predicted at 1.05 (within `converge` of plain decoding)
+    gets no trial: four iterations could not tell it from plain, and its first drafting pays
+    a catch-up with the context. Predicted at 1.2 it is tried at once; the first waits for
+    its back-off to grow long, as one predicted not to pay at all."""
+    cfg = CascadeConfig()
+    for predicted, tried in ((1.05, False), (1.2, True)):
+        cascade = Cascade(["slow"], cfg, predict_utility=lambda d: predicted)
+        arms = simulate(cascade, lambda arm, i: 1.3, 100)
+        assert (arms[cfg.base_len][0] == "slow") == tried
+        assert ("slow" in {a[0] for a in arms}) == tried
+
+
+@pytest.mark.unit
 def test_the_baseline_carries_over_requests_until_it_is_due():
     """A request after the first goes straight to its trials: the plain baseline measured in
     the first carries over (measured at every request's start, it cost short requests their
@@ -305,6 +319,20 @@ def test_a_sure_proposal_of_a_free_drafter_runs_outside_cascades_phases():
     assert len(chosen[1].size(drafter.propose([], chosen[1]))) >= 8  # a long chain, not K
     controller.record(12, 0.5, 11, 11)
     assert (controller.cascade.next_arm(), len(controller.cascade.trace)) == state  # untouched
+
+
+@pytest.mark.unit
+def test_a_free_drafter_drafts_within_the_room_the_request_has_left():
+    """Near the request's end a copy is drafted within the room left, not the whole budget
+    (drafted past it and cut there by the loop, a sure copy was sized to a shorter best
+    prefix: an iteration more)."""
+    curve = CostCurve([0.1 * (1 + 0.02 * n) for n in range(64)], 0)  # a GPU's: long drafts pay
+    controller = CascadeController({"lookup": LookupDrafter()}, curve, n_seq_max=8)
+    controller.begin()
+    text = list(range(100, 160))
+    chosen = controller.choose(text + text[:10], 5)  # copying: the rest of `text` follows
+    assert chosen is not None and controller.phase == "sure"
+    assert 0 < len(chosen[2]) <= 5
 
 
 def test_auto_greedy_identical_to_plain(target, reference, small_path):

@@ -23,7 +23,8 @@ measured carries over, so the climb goes on across test phases. A drafter whose 
 below 1 (by more than `converge`) sits out 1, 3, 7, ... test phases (its own back-off), and
 a drafter for which the cost curve predicts no paying K (predict_k = 0: its drafting and
 catching-up time outweigh what its acceptance can gain; a trial ends there too, once its
-first iterations time the drafter) loses without a trial until its
+first iterations time the drafter), or, not yet measured, one that pays by less than a trial
+can tell (`converge`), loses without a trial until its
 back-off is long; it is then explored (the prediction may rest on a prior) only while the
 seconds such trials were predicted to lose (`trial_cost`) stay within `explore_share` of the
 seconds decoded, so a drafter that never pays costs a bounded share of the time to keep in
@@ -208,9 +209,10 @@ class Cascade:
             if m.skip:
                 m.skip -= 1
                 continue
-            if self.predict_k(d) == 0:
-                # The cost curve says no K pays: a loss without a trial (a slow draft model
-                # would cost more than it gains), unless it is time to explore.
+            if self.predict_k(d) == 0 or self._marginal(d):
+                # The cost curve says no K pays, or pays by less than a trial can tell: a
+                # loss without a trial (a slow draft model would cost more than it gains),
+                # unless it is time to explore.
                 if m.losses < cfg.explore_after or \
                         self.explored + (cost := self.trial_cost(d)) > cfg.explore_share * self.decoded:
                     self._lose(m)
@@ -258,6 +260,13 @@ class Cascade:
         """d's best recent utility, else its predicted one."""
         seen = self.memory[d].utility
         return max(seen.values()) if seen else self.predict_utility(d)
+
+    def _marginal(self, d: str) -> bool:
+        """Never measured, and predicted to pay by less than `converge`: its trial could not
+        tell it from plain decoding (four iterations cannot tell 0.95 from 1.05) and would
+        pay its first catch-up with the context (a feature drafter predicted at 1.05 on an
+        MoE curve lost an iteration's time ten times over on its one trial of a session)."""
+        return not self.memory[d].utility and self.predict_utility(d) < 1.0 + self.cfg.converge
 
     def _near(self, tried: dict[Arm, float]) -> float:
         """Within two steps of `converge` below the best arm tried: an arm further below would

@@ -115,18 +115,20 @@ class CascadeController:
         self._context = context
         self._curve = curve = self.curve.at(len(context))
         self._score_shadows(context)
-        # One proposal per free drafter and iteration, with the whole budget: it decides
-        # whether the drafter is sure, and is what a plain iteration watches or a set phase
-        # of that drafter verifies (sized to the arm's K).
+        # One proposal per free drafter and iteration, with the whole budget the request has
+        # room for: it decides whether the drafter is sure, and is what a plain iteration
+        # watches or a set phase of that drafter verifies (sized to the arm's K). (Drafted
+        # past the room, a sure copy near the request's end was cut to a shorter best prefix
+        # than one drafted within it: an iteration more.)
         proposals, budgets = {}, {}
         self._sure = None
         for w in self.watched:
-            budget = budgets[w] = Budget(curve, self.n_seq_max, flat=self.flat)
+            budget = budgets[w] = Budget(curve, self.n_seq_max, flat=self.flat).within(max(room, 1))
             proposals[w] = self.members[w].propose(context, budget)
             if budget.speedup(proposals[w]) >= self.sure_at:
                 self._sure = w
                 self.arm, self.phase = w, "sure"
-                return (self.members[w], budget.within(room), proposals[w]) if room > 0 else None
+                return (self.members[w], budget, proposals[w]) if room > 0 else None
         name, k = self.cascade.next_arm()
         self.arm, self.phase = f"{name}@{k}" if k else "plain", self.cascade.phase
         if (name, k) == PLAIN:
