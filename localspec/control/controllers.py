@@ -222,5 +222,5 @@ class CascadeController:
         a = min(0.99, self.acceptance[name].value)
         ks = np.arange(1, len(curve.seconds))
         gain = (1 - a ** (ks + 1)) / (1 - a)  # 1 + a + ... + a^K
-        cost = np.array([curve.cost(1 + k) for k in ks]) + ks * t + c / self.cascade.cfg.trial
+        cost = np.asarray(curve.seconds[1:]) + ks * t + c / self.cascade.cfg.trial  # cost(1 + k)
         return ks, gain, cost, t == 0 and c == 0
