@@ -265,7 +265,7 @@ class Cascade:
         """Never measured, and predicted to pay by less than `converge`: its trial could not
         tell it from plain decoding (four iterations cannot tell 0.95 from 1.05) and would
         pay its first catch-up with the context (a feature drafter predicted at 1.05 on an
-        MoE curve lost an iteration's time ten times over on its one trial of a session)."""
+        MoE curve spent three plain iterations' time on the one token of its trial)."""
         return not self.memory[d].utility and self.predict_utility(d) < 1.0 + self.cfg.converge
 
     def _near(self, tried: dict[Arm, float]) -> float:
