@@ -402,6 +402,9 @@ def cmd_inspect(a: argparse.Namespace) -> None:
 
 
 def bench_synthetic(a: argparse.Namespace) -> None:
+    import json
+    from pathlib import Path
+
     from localspec.bench import synthetic, workloads
     from localspec.drafters.suffix import StoreSetting
     from localspec.bench.runner import prompt_tokens
@@ -424,10 +427,15 @@ def bench_synthetic(a: argparse.Namespace) -> None:
         model_path, n_ctx = engine.model.path, engine.cfg.n_ctx
     finally:
         engine.close()  # llama-server gets the machine to itself
+    theirs = []
     if "llama-server" in (a.anchor or []):
         theirs = synthetic.run_llama_server(model_path, prompts, rates, a.max_tokens, a.repeat, n_ctx,
                                             cfg.threads)
         text += "\n\n" + synthetic.report_llama(theirs, configs)
+    if a.json:
+        meta = {"model": str(model_path), "workload": a.workload, "n": len(prompts), "max_tokens": a.max_tokens,
+                "repeat": a.repeat, "argv": sys.argv[1:]}
+        Path(a.json).write_text(json.dumps(synthetic.to_json(configs, rates, theirs, meta), indent=2))
     print(f"\n{model_path.stem} · {a.workload} × {len(prompts)} · {a.max_tokens} tokens"
           f" · greedy · {a.repeat} runs each\n\n{text}")
 

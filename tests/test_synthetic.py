@@ -46,6 +46,9 @@ def test_synthetic_runs_are_plain_decodings_output_at_the_rates(small_path):
     assert {s[0] for s in idle.steps} >= {1, 5}
     assert all(len(a.steps) == a.tokens for a in never)  # one token an iteration
     assert "no-draft step inside a speculative run" in synthetic.report(sure, [1.0] * 4)
+    saved = synthetic.to_json(sure, [1.0] * 4, [], {"workload": "test"})  # --json
+    assert [c["name"] for c in saved["configs"]] == [a.name for a in sure] and saved["meta"]["rates"] == [1.0] * 4
+    assert saved["configs"][1]["by_batch"]["5"]["iterations"] == sum(1 for s in chain.steps if s[0] == 5)
 
 
 def test_llama_cpp_loop_at_the_same_rates(small_path):

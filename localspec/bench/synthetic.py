@@ -320,6 +320,20 @@ def report_llama(configs: list[LlamaArm], ours: list[Arm]) -> str:
     return "\n".join(rows)
 
 
+def to_json(configs: list[Arm], rates: Sequence[float], theirs: list[LlamaArm], meta: dict) -> dict:
+    """The report's figures for --json: each arm's rates, and its medians by batch size."""
+    def ours(a: Arm) -> dict:
+        batches = sorted({s[0] for s in a.steps})
+        return {"name": a.name, "tokens_per_s": a.tokens_per_s, "iterations_per_s": a.iterations_per_s,
+                "identical": a.identical, "runs": a.runs, "flips": a.flips,
+                "by_batch": {str(b): {"iterations": sum(1 for s in a.steps if s[0] == b),
+                                      "iteration_ms": a.median_ms(1, b), "forward_ms": a.median_ms(2, b),
+                                      "host_ms": a.median_ms(3, b)} for b in batches}}
+    return {"meta": meta | {"rates": list(rates)}, "configs": [ours(a) for a in configs],
+            "llama_server": [{"name": a.name, "tokens_per_s": a.tokens_per_s, "iterations_per_s": a.iterations_per_s,
+                              "drafted": a.drafted, "accepted": a.accepted, "failed": a.failed} for a in theirs]}
+
+
 def report(configs: list[Arm], rates: Sequence[float]) -> str:
     """The arms side by side, then each arm's milliseconds by batch size."""
     plain = configs[0]
