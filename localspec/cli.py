@@ -412,6 +412,12 @@ def bench_synthetic(a: argparse.Namespace) -> None:
     from localspec.progress import StderrProgress
 
     rates = synthetic.parse_rates(a.synthetic, a.synthetic_k)
+    unused = [flag for flag, given in (("--drafter", a.drafter), ("--temperature", a.temperature),
+                                       ("--draft-curve", a.draft_curve), ("--chart", a.chart), ("--trace", a.trace),
+                                       ("--anchor", set(a.anchor or []) - {"llama-server"})) if given]
+    if unused:  # said, not ignored: a run takes minutes
+        raise LocalspecError(f"--synthetic drafts plain decoding's own answer, greedy, beside --anchor llama-server "
+                             f"alone: {', '.join(unused)} does not apply")
     if a.repeat < 1:
         raise LocalspecError("--repeat must be at least 1")
     cfg = pulled_config(a, [DrafterSpec("lookup")])  # a speculating engine, which loads nothing more

@@ -120,3 +120,16 @@ def test_a_flipped_text_is_followed_at_the_same_rates(small_path):
     assert len(followed) < len(stopped) - 10  # it went on drafting 4 at a time, not one token a step
     assert max(len(it.tokens) for it in followed[4:]) == 5
     assert clock.measured > 0 and sum(it.draft_seconds for it in followed) == pytest.approx(clock.measured)
+
+
+@pytest.mark.unit
+def test_options_the_synthetic_bench_cannot_apply_are_refused_in_one_line(capsys):
+    """--synthetic drafts plain decoding's own answer, greedy: a drafter, a temperature or
+    another anchor given with it is said to not apply, before any model loads."""
+    from localspec.cli import main
+
+    for extra in (["--drafter", "lookup"], ["--temperature", "0.8"], ["--anchor", "llama-server-ngram-mod"],
+                  ["--trace", "t.png"]):
+        assert main(["bench", "-m", "/nonexistent.gguf", "--synthetic", "0.9,0.5", *extra]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("localspec: error: --synthetic") and extra[0] in err and "\n" not in err
