@@ -163,6 +163,12 @@ class Arm:
         values = [s[column] for s in self.steps if batch is None or s[0] == batch]
         return float(np.median(values)) * 1e3 if values else None
 
+    def by_batch(self) -> dict[int, dict]:
+        """Per batch size: its iterations and their median iteration, forward and host ms."""
+        return {b: {"iterations": sum(1 for s in self.steps if s[0] == b), "iteration_ms": self.median_ms(1, b),
+                    "forward_ms": self.median_ms(2, b), "host_ms": self.median_ms(3, b)}
+                for b in sorted({s[0] for s in self.steps})}
+
 
 def arms(rates: Sequence[float], trees: bool = True) -> list[Arm]:
     """Plain, a chain of K, a tree of 2K (`trees`: a target that verifies them) and a chain with
@@ -323,12 +329,9 @@ def report_llama(configs: list[LlamaArm], ours: list[Arm]) -> str:
 def to_json(configs: list[Arm], rates: Sequence[float], theirs: list[LlamaArm], meta: dict) -> dict:
     """The report's figures for --json: each arm's rates, and its medians by batch size."""
     def ours(a: Arm) -> dict:
-        batches = sorted({s[0] for s in a.steps})
         return {"name": a.name, "tokens_per_s": a.tokens_per_s, "iterations_per_s": a.iterations_per_s,
                 "identical": a.identical, "runs": a.runs, "flips": a.flips,
-                "by_batch": {str(b): {"iterations": sum(1 for s in a.steps if s[0] == b),
-                                      "iteration_ms": a.median_ms(1, b), "forward_ms": a.median_ms(2, b),
-                                      "host_ms": a.median_ms(3, b)} for b in batches}}
+                "by_batch": {str(b): row for b, row in a.by_batch().items()}}
     return {"meta": meta | {"rates": list(rates)}, "configs": [ours(a) for a in configs],
             "llama_server": [{"name": a.name, "tokens_per_s": a.tokens_per_s, "iterations_per_s": a.iterations_per_s,
                               "drafted": a.drafted, "accepted": a.accepted, "failed": a.failed} for a in theirs]}
@@ -349,10 +352,9 @@ def report(configs: list[Arm], rates: Sequence[float]) -> str:
                     f"{f' (near-tie flips followed: {a.flips})' if a.flips else ''} |")
     rows += ["", "| arm | batch | iterations | iteration ms | forward ms | host ms |", "|---|---:|---:|---:|---:|---:|"]
     for a in configs:
-        for batch in sorted({s[0] for s in a.steps}):
-            n = sum(1 for s in a.steps if s[0] == batch)
-            rows.append(f"| {a.name} | {batch} | {n} | {a.median_ms(1, batch):.3f} | {a.median_ms(2, batch):.3f} | "
-                        f"{a.median_ms(3, batch):.3f} |")
+        for batch, r in a.by_batch().items():
+            rows.append(f"| {a.name} | {batch} | {r['iterations']} | {r['iteration_ms']:.3f} | {r['forward_ms']:.3f} | "
+                        f"{r['host_ms']:.3f} |")
     mixed = configs[-1]
     step, plain_step = mixed.median_ms(1, 1), plain.median_ms(1, 1)
     if step and plain_step:
