@@ -56,7 +56,7 @@ def replay(engine: Engine, data: dict, curve, own_long, store_long) -> tuple[flo
     # The last three buckets are the long matches' (12, 16, 24+ tokens): only their priors change.
     for acceptance, long in ((drafter.lookup.acceptance, own_long), (drafter.acceptance, store_long)):
         if long:
-            acceptance.prior[-3:] = np.asarray(long)[:, None]
+            acceptance.prior[-len(long):] = np.asarray(long)[:, None]
     t_spec = t_plain = 0.0
     n_iterations = n_tokens = 0
     for turn in data["turns"]:

@@ -55,7 +55,9 @@ def test_drafts_grow_as_deep_as_copies_run_and_stop_where_they_break():
     assert sum(n for _, n in late) / sum(k for k, _ in late) > 0.5  # ... mostly accepted
     rates = drafter.acceptance.rates()  # [match length bucket, depth bin]
     assert rates[0, 4] > 0.9  # a 2-token match, depths 9-16: inside a copy the text goes on
-    assert rates[-1, 0] < 0.7  # a 24-token match is the copy's end here: the text leaves it
+    # A 24-token match has followed its copy for about 20 tokens (depths count from where the
+    # copy began): the text leaves it a few tokens on.
+    assert rates[-1, 5] < 0.7  # depths 17-32
     drafter = LookupDrafter()
     steps = decode(drafter, text_copying(run=3, n=2400), begin=200)
     late = steps[len(steps) // 2:]

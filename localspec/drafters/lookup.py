@@ -54,6 +54,9 @@ class MatchAcceptance:
     followed a copy for 8 tokens is likelier to follow it for a 9th than one token after the
     match, and a single rate per bucket (a geometric chain) cut such drafts short (issue 44:
     on an MoE curve a fixed 16 tokens reached 2.02x where the sized drafts reached 1.64x).
+    Depth counts from where the text began to follow a copy: a proposal made while the text
+    is still inside an earlier proposal's copy counts on from there, so a copy verified two
+    tokens an iteration is twenty deep after ten iterations, not at depth 1 each time.
     No bin starts sure of itself: drafts grow long only on evidence, so a wrong guess about
     what repeats stays cheap; but a long match starts as the copy it usually is (`long`: the
     priors of matches of 12, 16 and 24+ tokens). Replayed over the model's own answers (chat,
@@ -91,8 +94,10 @@ class MatchAcceptance:
                           for n in range(self.match_lengths[-1] + 1)]  # match length -> bucket
         self._context: tuple[int, tuple[int, ...]] = (0, ())  # its length and last tokens
         # Proposals the text has not yet judged: [start, tail before it, bucket, children by
-        # (parent, token), nodes with children, node reached, depth reached, proposals waited].
+        # (parent, token), nodes with children, node reached, depth reached, proposals waited,
+        # the copy's depth where it began].
         self._open: list[list] = []
+        self._copied = 0  # tokens of an earlier proposal's copy the text has followed up to now
 
     def rates(self, bucket: int | slice = slice(None)) -> np.ndarray:
         """[bucket, depth bin] (one bucket's row where given): the chance the text follows a
@@ -108,12 +113,13 @@ class MatchAcceptance:
     def start(self, context: list[int]) -> None:
         """A proposal for `context` begins: evidence decays, and the proposals still open are
         judged by the tokens that came since, as they came (a copy that goes on teaches at
-        once, not when it ends)."""
+        once, not when it ends). A text still inside a copy an earlier proposal drafted has
+        followed it `_copied` tokens: the new proposal's depths count on from there."""
         self.followed *= self.DECAY
         self.reached *= self.DECAY
-        still_open = []
+        still_open, self._copied = [], 0
         for judgement in self._open:
-            at, tail, bucket, children, inner, node, depth, waited = judgement
+            at, tail, bucket, children, inner, node, depth, waited, copied = judgement
             if len(context) < at or tuple(context[at - len(tail):at]) != tail:
                 continue  # another text (a new request): nothing to judge
             before, left, done = depth, False, False
@@ -125,9 +131,11 @@ class MatchAcceptance:
                 node, depth = child, depth + 1
             else:
                 done = node not in inner or waited + 1 >= self.JUDGE_FOR  # a leaf, or long enough
-            self._count(bucket, before, depth, left)
+            self._count(bucket, copied + before, copied + depth, left)
+            if not left and at + depth >= len(context) - 1:  # followed up to now (and a token past a leaf)
+                self._copied = max(self._copied, copied + depth)
             if not done:
-                judgement[5:] = node, depth, waited + 1
+                judgement[5:8] = node, depth, waited + 1
                 still_open.append(judgement)
         self._open = still_open
         self._context = len(context), tuple(context[-8:])
@@ -135,11 +143,12 @@ class MatchAcceptance:
     def _count(self, bucket: int, start: int, depth: int, left: bool) -> None:
         """The text followed a draft from depth `start` to `depth`, then left it (`left`)."""
         followed, reached = self.followed[bucket], self.reached[bucket]
-        for b in self.bin_of[start:depth]:
+        for d in range(start, depth):
+            b = self.bin_of[min(d, 63)]
             followed[b] += 1.0
             reached[b] += 1.0
-        if left and depth < 64:
-            reached[self.bin_of[depth]] += 1.0
+        if left:
+            reached[self.bin_of[min(depth, 63)]] += 1.0
 
     def tree(self, tokens: np.ndarray, parents: np.ndarray, counts: np.ndarray, n_match: int,
              n_occurrences: int) -> DraftTree:
@@ -152,10 +161,10 @@ class MatchAcceptance:
         parent_list = parents.tolist()
         depths = depths_of(parent_list)
         along = [1.0]  # along[d]: the chance the text follows the draft to depth d
-        for d in range(max(depths)):
-            along.append(along[-1] * rates[bin_of[d]])
+        for d in range(self._copied, self._copied + max(depths)):
+            along.append(along[-1] * rates[bin_of[min(d, 63)]])
         share = 1.0 / n_occurrences
         reach = np.array([c * share * along[d] for c, d in zip(counts.tolist(), depths)])
         children = {(p, t): i for i, (p, t) in enumerate(zip(parent_list, tokens.tolist()))}
-        self._open.append([*self._context, bucket, children, set(parent_list), -1, 0, 0])
+        self._open.append([*self._context, bucket, children, set(parent_list), -1, 0, 0, self._copied])
         return DraftTree(tokens, parents, reach)
