@@ -16,6 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
+from localspec import paths
 from localspec.bench import workloads
 from localspec.bench.runner import run_ours, turns, warm_documents
 from localspec.drafters.base import Budget
@@ -30,7 +31,8 @@ import numpy as np  # after localspec.llama (scripts/README.md)
 
 def record(engine: Engine, workload: str, limit: int, out: Path) -> None:
     prompts, warm = workloads.load_warm(workload, limit)
-    data = {"warm": warm_documents(engine, warm, 128), "turns": []}
+    # The bench's cache of warm answers (humaneval-warm's are a hundred plain answers).
+    data = {"warm": warm_documents(engine, warm, 128, paths.cache_dir() / "bench" / "answers.json"), "turns": []}
     for p in prompts:
         steps = turns(engine, p)
         tokens = next(steps)
