@@ -52,7 +52,9 @@ def test_drafts_grow_as_deep_as_copies_run_and_stop_where_they_break():
     steps = decode(drafter, text_copying(run=24, n=2400), begin=200)
     late = steps[len(steps) // 2:]
     assert np.mean([k for k, _ in late]) >= 10  # deep drafts (the curve's 31 at most) ...
-    assert sum(n for _, n in late) / sum(k for k, _ in late) > 0.5  # ... mostly accepted
+    # ... mostly accepted: 0.62 with depths counted from the copy's start, 0.52 from each
+    # proposal's (its drafts ran past the break as often as not)
+    assert sum(n for _, n in late) / sum(k for k, _ in late) > 0.57
     rates = drafter.acceptance.rates()  # [match length bucket, depth bin]
     assert rates[0, 4] > 0.9  # a 2-token match, depths 9-16: inside a copy the text goes on
     # A 24-token match has followed its copy for about 20 tokens (depths count from where the
