@@ -452,7 +452,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
     from localspec import paths, pull, store
     from localspec.bench import anchors as anchor_mod
     from localspec.bench import report, workloads
-    from localspec.bench.runner import run_bench, warm_documents
+    from localspec.bench.runner import answers_cache, run_bench, warm_documents
     from localspec.progress import progress_bar
 
     if a.draft_curve and not a.curve:
@@ -475,7 +475,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
     docs = []
     if warm.texts or warm.prompts:
         with progress_bar("warming the suffix store", len(warm.prompts) or 1, unit="answers") as advance:
-            docs = warm_documents(engine, warm, cfg.max_tokens, paths.cache_dir() / "bench" / "answers.json",
+            docs = warm_documents(engine, warm, cfg.max_tokens, answers_cache(),
                                   advance)
     anchors = []
     if cfg.anchors:  # llama-server's draft configurations run the same draft model as ours

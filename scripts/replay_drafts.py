@@ -17,9 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
-from localspec import paths
 from localspec.bench import workloads
-from localspec.bench.runner import run_ours, turns, warm_documents
+from localspec.bench.runner import answers_cache, run_ours, turns, warm_documents
 from localspec.drafters.base import Budget
 from localspec.drafters.spec import DrafterSpec
 from localspec.drafters.suffix import SuffixDrafter
@@ -33,7 +32,7 @@ import numpy as np  # after localspec.llama (scripts/README.md)
 def record(engine: Engine, workload: str, limit: int, out: Path) -> None:
     prompts, warm = workloads.load_warm(workload, limit)
     # The bench's cache of warm answers (humaneval-warm's are a hundred plain answers).
-    data = {"warm": warm_documents(engine, warm, 128, paths.cache_dir() / "bench" / "answers.json"), "turns": []}
+    data = {"warm": warm_documents(engine, warm, 128, answers_cache()), "turns": []}
     for p in prompts:
         steps = turns(engine, p)
         tokens = next(steps)

@@ -12,6 +12,7 @@ from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
+from localspec import paths
 from localspec.bench.ceiling import Corpus, copy_ceiling
 from localspec.bench.pricing import there
 from localspec.bench.workloads import Prompt, Warm
@@ -171,6 +172,11 @@ def near_tie(engine: Engine, prompt: list[int], plain: list[int], other: list[in
         logits = ctx.logits(0)
     top2 = np.partition(logits, -2)[-2:]
     return float(abs(top2[1] - top2[0])) <= engine.exactness()[0]
+
+
+def answers_cache() -> Path:
+    """Where the bench keeps the model's plain answers to warm prompts (warm_documents)."""
+    return paths.cache_dir() / "bench" / "answers.json"
 
 
 def warm_documents(engine: Engine, warm: Warm, max_tokens: int, cache: Path | None = None,

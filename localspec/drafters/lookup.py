@@ -89,7 +89,9 @@ class MatchAcceptance:
         self.followed = np.zeros_like(self.prior)  # tokens the text followed, decayed
         self.reached = np.zeros_like(self.prior)   # tokens it followed or left there, decayed
         # Plain lists: they are read a few dozen times an iteration, where numpy's calls cost more.
-        self.bin_of = (np.searchsorted(self.DEPTH_BINS, np.arange(1, 65), side="right") - 1).tolist()  # depth - 1 -> bin
+        # depth - 1 -> bin, for depths counted from a copy's start: at most 63 on (the offset is
+        # capped there, past the last bin's first depth) plus a proposal's 63, plus one left
+        self.bin_of = (np.searchsorted(self.DEPTH_BINS, np.arange(1, 129), side="right") - 1).tolist()
         self.bucket_of = [max(i for i, m in enumerate(self.match_lengths) if m <= max(n, n_min))
                           for n in range(self.match_lengths[-1] + 1)]  # match length -> bucket
         self._context: tuple[int, tuple[int, ...]] = (0, ())  # its length and last tokens
@@ -133,7 +135,7 @@ class MatchAcceptance:
                 done = node not in inner or waited + 1 >= self.JUDGE_FOR  # a leaf, or long enough
             self._count(bucket, copied + before, copied + depth, left)
             if not left and at + depth >= len(context) - 1:  # followed up to now (and a token past a leaf)
-                self._copied = max(self._copied, copied + depth)
+                self._copied = min(63, max(self._copied, copied + depth))
             if not done:
                 judgement[5:8] = node, depth, waited + 1
                 still_open.append(judgement)
@@ -143,12 +145,11 @@ class MatchAcceptance:
     def _count(self, bucket: int, start: int, depth: int, left: bool) -> None:
         """The text followed a draft from depth `start` to `depth`, then left it (`left`)."""
         followed, reached = self.followed[bucket], self.reached[bucket]
-        for d in range(start, depth):
-            b = self.bin_of[min(d, 63)]
+        for b in self.bin_of[start:depth]:
             followed[b] += 1.0
             reached[b] += 1.0
         if left:
-            reached[self.bin_of[min(depth, 63)]] += 1.0
+            reached[self.bin_of[depth]] += 1.0
 
     def tree(self, tokens: np.ndarray, parents: np.ndarray, counts: np.ndarray, n_match: int,
              n_occurrences: int) -> DraftTree:
@@ -162,7 +163,7 @@ class MatchAcceptance:
         depths = depths_of(parent_list)
         along = [1.0]  # along[d]: the chance the text follows the draft to depth d
         for d in range(self._copied, self._copied + max(depths)):
-            along.append(along[-1] * rates[bin_of[min(d, 63)]])
+            along.append(along[-1] * rates[bin_of[d]])
         share = 1.0 / n_occurrences
         reach = np.array([c * share * along[d] for c, d in zip(counts.tolist(), depths)])
         children = {(p, t): i for i, (p, t) in enumerate(zip(parent_list, tokens.tolist()))}
