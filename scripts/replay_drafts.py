@@ -4,7 +4,8 @@ plain decoding's answers, the store's warm documents); `replay` walks each answe
 verification would, a proposal sized on a cost curve per iteration (the nodes the text
 follows are accepted), and prices every verification on that curve, against plain decoding.
 The drafter learns as it does in the engine (its store takes each answer after its turn).
-Beside it, what the same proposals allow sized in hindsight (hindsight()).
+Beside it, what the same proposals allow sized in hindsight (hindsight()), and with
+`--breakdown` where the sized drafts win and lose, by rows drafted and accepted.
 `--own-long` / `--store-long` set the priors of 12-, 16- and 24-token matches (MatchAcceptance)
 to compare settings on the same answers.
 
@@ -15,6 +16,7 @@ to compare settings on the same answers.
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
 
 from localspec.bench import workloads
@@ -62,8 +64,11 @@ def drafter_for(engine: Engine, data: dict, own_long, store_long) -> SuffixDraft
     return drafter
 
 
-def replay(engine: Engine, data: dict, curve, own_long, store_long) -> tuple[float, float]:
-    """(speedup over plain decoding on `curve`, tokens per iteration)."""
+def replay(engine: Engine, data: dict, curve, own_long, store_long,
+           breakdown: Counter | None = None) -> tuple[float, float]:
+    """(speedup over plain decoding on `curve`, tokens per iteration). `breakdown` counts per
+    kind of iteration (rows verified, how many accepted) [iterations, forwards' time beyond a
+    plain step's, tokens accepted]."""
     drafter = drafter_for(engine, data, own_long, store_long)
     t_spec = t_plain = 0.0
     n_iterations = n_tokens = 0
@@ -79,6 +84,10 @@ def replay(engine: Engine, data: dict, curve, own_long, store_long) -> tuple[flo
             n = tree.walk(answer[pos:])[0] if len(tree) else 0
             t_spec += here.cost(1 + len(tree))
             t_plain += here.cost(1) * (n + 1)
+            if breakdown is not None and len(tree):
+                rows = "1-2" if len(tree) <= 2 else "3-8" if len(tree) <= 8 else "9+"
+                kind = f"{rows} drafted, " + ("none" if n == 0 else "part" if n < len(tree) else "all") + " accepted"
+                breakdown.update({(kind, 0): 1, (kind, 1): here.cost(1 + len(tree)) / here.cost(1) - 1, (kind, 2): n})
             n_iterations, n_tokens, pos = n_iterations + 1, n_tokens + n + 1, pos + n + 1
         drafter.store.add(answer)
     return t_plain / t_spec, n_tokens / max(n_iterations, 1)
@@ -125,6 +134,8 @@ def main() -> None:
     floats = lambda text: tuple(float(x) for x in text.split(","))  # noqa: E731
     s.add_argument("--own-long", type=floats, help="priors of 12-, 16-, 24-token matches in the request's own text")
     s.add_argument("--store-long", type=floats, help="... and in the store")
+    s.add_argument("--breakdown", action="store_true",
+                   help="per kind of iteration (rows drafted, accepted): time spent against tokens won")
     a = p.parse_args()
     engine = Engine(EngineConfig(model=a.model, threads=a.threads, store=":memory:"))
     if a.command == "record":
@@ -134,10 +145,15 @@ def main() -> None:
     for path in a.files:
         data = json.loads(path.read_text())
         for name, curve in curves.items():
-            speedup, tau = replay(engine, data, curve, a.own_long, a.store_long)
+            kinds = Counter()
+            speedup, tau = replay(engine, data, curve, a.own_long, a.store_long, kinds)
             best = hindsight(engine, data, curve, a.own_long, a.store_long)
             print(f"{path.stem}  {name}: {speedup:.3f}x plain, {tau:.2f} tokens an iteration; "
                   f"sized in hindsight {best:.3f}x", flush=True)
+            for kind in sorted({k for k, _ in kinds}) if a.breakdown else ():
+                extra, tokens = kinds[kind, 1], kinds[kind, 2]
+                print(f"    {kind}: {kinds[kind, 0]:.0f} iterations, {extra:.1f} forwards' time more than "
+                      f"plain steps, {tokens:.0f} tokens accepted, net {tokens - extra:+.1f}")
 
 
 if __name__ == "__main__":
