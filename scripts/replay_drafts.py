@@ -16,7 +16,7 @@ to compare settings on the same answers.
 
 import argparse
 import json
-from collections import Counter
+from collections import defaultdict
 from pathlib import Path
 
 from localspec.bench import workloads
@@ -65,10 +65,10 @@ def drafter_for(engine: Engine, data: dict, own_long, store_long) -> SuffixDraft
 
 
 def replay(engine: Engine, data: dict, curve, own_long, store_long,
-           breakdown: Counter | None = None) -> tuple[float, float]:
-    """(speedup over plain decoding on `curve`, tokens per iteration). `breakdown` counts per
-    kind of iteration (rows verified, how many accepted) [iterations, forwards' time beyond a
-    plain step's, tokens accepted]."""
+           breakdown: dict[str, list[float]] | None = None) -> tuple[float, float]:
+    """(speedup over plain decoding on `curve`, tokens per iteration). `breakdown` (a
+    defaultdict of [0, 0, 0]) sums per kind of iteration (rows verified, how many accepted):
+    iterations, forwards' time beyond a plain step's, tokens accepted."""
     drafter = drafter_for(engine, data, own_long, store_long)
     t_spec = t_plain = 0.0
     n_iterations = n_tokens = 0
@@ -87,7 +87,8 @@ def replay(engine: Engine, data: dict, curve, own_long, store_long,
             if breakdown is not None and len(tree):
                 rows = "1-2" if len(tree) <= 2 else "3-8" if len(tree) <= 8 else "9+"
                 kind = f"{rows} drafted, " + ("none" if n == 0 else "part" if n < len(tree) else "all") + " accepted"
-                breakdown.update({(kind, 0): 1, (kind, 1): here.cost(1 + len(tree)) / here.cost(1) - 1, (kind, 2): n})
+                sums = breakdown[kind]
+                sums[0], sums[1], sums[2] = sums[0] + 1, sums[1] + here.cost(1 + len(tree)) / here.cost(1) - 1, sums[2] + n
             n_iterations, n_tokens, pos = n_iterations + 1, n_tokens + n + 1, pos + n + 1
         drafter.store.add(answer)
     return t_plain / t_spec, n_tokens / max(n_iterations, 1)
@@ -145,15 +146,14 @@ def main() -> None:
     for path in a.files:
         data = json.loads(path.read_text())
         for name, curve in curves.items():
-            kinds = Counter()
+            kinds = defaultdict(lambda: [0, 0.0, 0]) if a.breakdown else None
             speedup, tau = replay(engine, data, curve, a.own_long, a.store_long, kinds)
             best = hindsight(engine, data, curve, a.own_long, a.store_long)
             print(f"{path.stem}  {name}: {speedup:.3f}x plain, {tau:.2f} tokens an iteration; "
                   f"sized in hindsight {best:.3f}x", flush=True)
-            for kind in sorted({k for k, _ in kinds}) if a.breakdown else ():
-                extra, tokens = kinds[kind, 1], kinds[kind, 2]
-                print(f"    {kind}: {kinds[kind, 0]:.0f} iterations, {extra:.1f} forwards' time more than "
-                      f"plain steps, {tokens:.0f} tokens accepted, net {tokens - extra:+.1f}")
+            for kind, (iterations, extra, tokens) in sorted((kinds or {}).items()):
+                print(f"    {kind}: {iterations} iterations, {extra:.1f} forwards' time more than "
+                      f"plain steps, {tokens} tokens accepted, net {tokens - extra:+.1f}")
 
 
 if __name__ == "__main__":
