@@ -64,6 +64,13 @@ def drafter_for(engine: Engine, data: dict, own_long, store_long) -> SuffixDraft
     return drafter
 
 
+def kind_of(n_drafted: int, n_accepted: int) -> str:
+    """An iteration's kind for --breakdown: the rows it drafted, and how many were accepted."""
+    rows = "1-2" if n_drafted <= 2 else "3-8" if n_drafted <= 8 else "9+"
+    accepted = "none" if n_accepted == 0 else "part" if n_accepted < n_drafted else "all"
+    return f"{rows} drafted, {accepted} accepted"
+
+
 def replay(engine: Engine, data: dict, curve, own_long, store_long,
            breakdown: dict[str, list[float]] | None = None) -> tuple[float, float]:
     """(speedup over plain decoding on `curve`, tokens per iteration). `breakdown` (a
@@ -85,10 +92,10 @@ def replay(engine: Engine, data: dict, curve, own_long, store_long,
             t_spec += here.cost(1 + len(tree))
             t_plain += here.cost(1) * (n + 1)
             if breakdown is not None and len(tree):
-                rows = "1-2" if len(tree) <= 2 else "3-8" if len(tree) <= 8 else "9+"
-                kind = f"{rows} drafted, " + ("none" if n == 0 else "part" if n < len(tree) else "all") + " accepted"
-                sums = breakdown[kind]
-                sums[0], sums[1], sums[2] = sums[0] + 1, sums[1] + here.cost(1 + len(tree)) / here.cost(1) - 1, sums[2] + n
+                sums = breakdown[kind_of(len(tree), n)]
+                sums[0] += 1
+                sums[1] += here.cost(1 + len(tree)) / here.cost(1) - 1
+                sums[2] += n
             n_iterations, n_tokens, pos = n_iterations + 1, n_tokens + n + 1, pos + n + 1
         drafter.store.add(answer)
     return t_plain / t_spec, n_tokens / max(n_iterations, 1)
