@@ -34,7 +34,7 @@ from localspec.llama.slots import Slots
 from localspec.llama.text import TextStream, chat_tokens
 from localspec.loop import Controller, Iteration, RunOptions, Stats, run
 from localspec.progress import Notice, Progress, notice_on_stderr
-from localspec.sampling import SamplingConfig
+from localspec.sampling import SamplingConfig, TokenLogprob
 
 
 
@@ -119,6 +119,10 @@ class Delta:
     n_drafted: int  # of them, from accepted drafts
     arm: str        # what the controller ran ("plain", "lookup@3", ...)
     iterations: int = 1  # of the loop this delta covers
+    # Per token written (end-of-generation tokens are not), where the request asks: its
+    # log-probability. A token's text may come in a later delta (half a character, a
+    # possible stop string); a stop string's tokens have theirs.
+    logprobs: tuple[TokenLogprob, ...] = ()
 
     @property
     def text(self) -> str:
@@ -127,7 +131,8 @@ class Delta:
     def then(self, later: Delta) -> Delta:
         """This delta and the one after it as one."""
         return Delta(self.pieces + later.pieces, self.n_tokens + later.n_tokens,
-                     self.n_drafted + later.n_drafted, later.arm, self.iterations + later.iterations)
+                     self.n_drafted + later.n_drafted, later.arm, self.iterations + later.iterations,
+                     self.logprobs + later.logprobs)
 
 
 class Reason(str, enum.Enum):
@@ -368,15 +373,18 @@ class Engine:
                 if on_iteration:
                     on_iteration(it)
                 generated += it.tokens
+                written = 0
                 for i, token in enumerate(it.tokens):
                     if self.model.is_eog(token) and not request.ignore_eog:
                         reason = Reason.EOG
                         break
                     text.feed(token, it.drafter if i < it.n_accepted else None)
+                    written += 1
                     if text.stopped:
                         reason = Reason.STOP
                         break
-                yield Delta(text.take(final=reason is not None), len(it.tokens), it.n_accepted, it.arm)
+                yield Delta(text.take(final=reason is not None), len(it.tokens), it.n_accepted, it.arm,
+                            logprobs=it.logprobs[:written])
         if reason is None:  # the request's max_tokens, the context's end, or cancelled
             reason = Reason.CANCELLED if cancel.is_set() else Reason.LENGTH
             if rest := text.take(final=True):

@@ -18,7 +18,7 @@ from typing import Callable, Iterator, Protocol, Sequence
 from localspec.control.controllers import Plain
 from localspec.drafters.base import Budget, DraftClock, Drafter
 from localspec.llama.context import Context
-from localspec.sampling import SamplingConfig, TokenSampler
+from localspec.sampling import SamplingConfig, TokenLogprob, TokenSampler, token_logprob
 from localspec.verify import DraftTree, Verdict, accept, launch
 
 
@@ -122,6 +122,7 @@ class Iteration:
     n_past: int = 0               # tokens in the cache before its forward
     n_verified_accepted: int = 0  # draft tokens verification accepted (n_accepted before the
     #                               request's end cut what was emitted)
+    logprobs: tuple[TokenLogprob, ...] = ()  # per token, where the request asks (SamplingConfig.logprobs)
 
     @property
     def host_seconds(self) -> float:
@@ -179,12 +180,14 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
     reused, last = ctx.prefill(prompt, window, commit, options.progress)
     max_tokens = min(max_tokens, ctx.n_ctx - len(prompt) + 1)  # stop where the context ends
     first = last if isinstance(last, int) else sampler.sample(last)
+    k = sampling.logprobs
+    first_logprob = () if k is None else (token_logprob(last, first, k),)  # (rows on the host: begin())
     sampler.extend([first])
     t_first = time.perf_counter()
     stats.prompt_n, stats.cache_n = stats.prompt_n + len(prompt) - reused, stats.cache_n + reused
     stats.prompt_ms, stats.predicted_n = stats.prompt_ms + (t_first - t0) * 1e3, stats.predicted_n + 1
     yield Iteration(arm="prompt", phase="", drafter=None, tokens=[first], n_accepted=0, n_drafted=0,
-                    seconds=t_first - t0, tree=DraftTree.empty())
+                    seconds=t_first - t0, tree=DraftTree.empty(), logprobs=first_logprob)
     # An iteration's time runs from the end of the last one, so what the caller does with an
     # iteration (text, events) is paid by the next: the iterations' times add up to the wall
     # clock's.
@@ -279,6 +282,8 @@ def land(ctx: Context, flight: Flight, sampler: TokenSampler, options: RunOption
         t_settle = time.perf_counter()
         verdict.tokens.append(settle(ctx, sampler, verdict.requeued + verdict.tokens[verdict.n_cached:len(verdict.path)]))
         forward += time.perf_counter() - t_settle
+        if sampler.config.logprobs is not None:
+            verdict.logprobs.append(token_logprob(ctx.logits(0), verdict.tokens[-1], sampler.config.logprobs))
         sampler.extend(verdict.tokens[-1:])
     return verdict, forward, verdict.unsettled
 
@@ -291,7 +296,7 @@ def handed_out(flight: Flight, verdict: Verdict, n_emitted: int, seconds: float,
                      n_drafted=len(flight.tree), seconds=seconds, tree=flight.tree, forward_seconds=forward,
                      draft_seconds=flight.draft_seconds, draft_ahead=flight.draft_ahead,
                      n_verified_accepted=len(verdict.path), batch=flight.n_pending + len(flight.tree),
-                     n_past=flight.n_past)
+                     n_past=flight.n_past, logprobs=tuple(verdict.logprobs[:n_emitted]))
 
 
 def ends(ctx: Context, options: RunOptions, token: int, n_out: int, max_tokens: int) -> bool:
@@ -306,8 +311,9 @@ MAX_DEVICE_TOP_K = 256
 def device_sampling(sampling: SamplingConfig, tie_bound: float) -> int | None:
     """What of each row the request needs from a sampler on the device: greedy without
     penalties or near-ties to settle its argmax (0); T > 0 with top-k and without penalties
-    its top-k candidates (k); anything else the whole row (None: on the host)."""
-    if sampling.repeat_penalty != 1.0:
+    its top-k candidates (k); anything else, log-probabilities too, the whole row (None: on
+    the host)."""
+    if sampling.repeat_penalty != 1.0 or sampling.logprobs is not None:
         return None
     if sampling.temperature <= 0:
         return 0 if tie_bound <= 0 else None

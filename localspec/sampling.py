@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from localspec import _native
 from localspec.errors import LocalspecError
+
+
+MAX_LOGPROBS = 20  # alternatives a token's log-probability may come with (OpenAI's bound)
 
 
 @dataclass(frozen=True)
@@ -20,6 +25,9 @@ class SamplingConfig:
     repeat_penalty: float = 1.0  # 1: off
     repeat_last_n: int = 64
     seed: int | None = None     # None: a fresh random seed
+    # Each generated token's log-probability and this many likeliest alternatives' (OpenAI's
+    # logprobs / top_logprobs); None: none. Reading them takes every verified row's logits.
+    logprobs: int | None = None
 
     def __post_init__(self):
         # A penalty of 0 divides logits by zero; negative ones flip them.
@@ -27,6 +35,8 @@ class SamplingConfig:
             raise LocalspecError(f"repeat penalty must be above 0 (1 is off), not {self.repeat_penalty}")
         if not self.temperature >= 0:
             raise LocalspecError(f"temperature must be 0 (greedy) or above, not {self.temperature}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise LocalspecError(f"logprobs: 0 to {MAX_LOGPROBS} alternatives, not {self.logprobs}")
 
     def native(self) -> _native.SamplingParams:
         p = _native.SamplingParams()
@@ -65,3 +75,23 @@ class TokenSampler:
 
     def distribution(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.sampler.distribution(logits, self.history)
+
+
+class TokenLogprob(NamedTuple):
+    """A generated token's log-probability under the target, the softmax of the logits of the
+    row it was chosen from at temperature 1 before any penalty (what OpenAI and llama-server
+    report), and the likeliest tokens' there, best first."""
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+def token_logprob(logits: np.ndarray, token: int, k: int) -> TokenLogprob:
+    """`token`'s log-probability in a row of logits, with the row's k likeliest tokens' (ties:
+    the lower id first)."""
+    row = np.asarray(logits, np.float64)
+    peak = float(row.max())
+    norm = peak + math.log(float(np.exp(row - peak).sum()))
+    best = np.argpartition(-row, k)[:k] if 0 < k < len(row) else np.arange(len(row) if k else 0)
+    best = sorted(best.tolist(), key=lambda i: (-row[i], i))
+    return TokenLogprob(token, float(row[token]) - norm, tuple((i, float(row[i]) - norm) for i in best))

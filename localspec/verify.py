@@ -13,7 +13,7 @@ from localspec import _native
 from localspec.errors import LocalspecError
 from localspec.llama import recurrent
 from localspec.llama.context import Context, check_status, padded_shape
-from localspec.sampling import TokenSampler
+from localspec.sampling import TokenLogprob, TokenSampler, token_logprob
 
 _EMPTY_I = np.zeros(0, np.int32)
 _EMPTY_F = np.zeros(0, np.float32)
@@ -119,6 +119,8 @@ class Verdict:
     # The batch's pending tokens, where the cache did not keep them either (a recurrent state
     # undone from its checkpoint): they lead the next batch, before the accepted tokens.
     requeued: list[int] = field(default_factory=list)
+    # Per token, its log-probability, where the request asks (SamplingConfig.logprobs).
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 class Launched(NamedTuple):
@@ -208,6 +210,10 @@ def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler, tie_bound: floa
     path, nxt, unsettled, n_cached, seconds, device_failed = _native.finish(
         ctx.ptr, launched.batch, tree.q_offsets, tree.q_ids, tree.q_probs, sampler.sampler, sampler.history,
         sampler.rng, tie_bound, ctx.rows_from, keep_batch)
+    # (a plain step accepts nothing: numpy's indexing would cost more than its Python)
+    accepted = launched.tree.tokens[path].tolist() if len(path) and not device_failed else []
+    emitted = accepted + ([nxt] if nxt >= 0 else [])
+    logprobs = [] if device_failed else row_logprobs(ctx, launched, path, emitted, sampler.config.logprobs)
     rejected = keep_batch and (device_failed or len(path) < len(launched.tree))
     if rejected or device_failed and launched.flattened:
         recurrent.undo(ctx)
@@ -216,22 +222,30 @@ def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler, tie_bound: floa
         launch(ctx, launched.tree, launched.pending, launched.all_pending_rows, launched.speculating)
         again = accept(ctx, tree, sampler, tie_bound)
         return replace(again, seconds=seconds + again.seconds)
-    # (a plain step accepts nothing: numpy's indexing would cost more than its Python)
-    accepted = launched.tree.tokens[path].tolist() if len(path) else []
-    emitted = accepted + ([nxt] if nxt >= 0 else [])
     if rejected:
         kept = launched.pending.tolist() + accepted
         if len(launched.pending) == 1:
-            return Verdict(path, emitted, unsettled, 0, seconds, launched.pending.tolist())
+            return Verdict(path, emitted, unsettled, 0, seconds, launched.pending.tolist(), logprobs)
         # Requeued once already: decoded now, so that no batch carries them twice (a run of
         # rejections would otherwise grow every batch by what the last one kept).
         t0 = time.perf_counter()
         ctx.extend(kept, len(kept) if launched.all_pending_rows else 1)
         ctx.synchronize()
-        return Verdict(path, emitted, unsettled, len(path), seconds + time.perf_counter() - t0)
+        return Verdict(path, emitted, unsettled, len(path), seconds + time.perf_counter() - t0, logprobs=logprobs)
     ctx.tokens.extend(launched.pending.tolist())
     ctx.tokens.extend(accepted[:n_cached])
-    return Verdict(path, emitted, unsettled, n_cached, seconds)
+    return Verdict(path, emitted, unsettled, n_cached, seconds, logprobs=logprobs)
+
+
+def row_logprobs(ctx: Context, launched: Launched, path: list[int], emitted: list[int],
+                 k: int | None) -> list[TokenLogprob]:
+    """Each emitted token's log-probability (none where k is None), from the row verification
+    drew it from: the root's, then each accepted node's, as launch laid the rows out."""
+    if k is None:
+        return []
+    root = len(launched.pending) - 1
+    rows = [root] + [launched.batch.node_rows[n] if launched.flattened else root + 1 + n for n in path]
+    return [token_logprob(ctx.logits(row), token, k) for row, token in zip(rows, emitted)]
 
 
 def verify_tree(ctx: Context, tree: DraftTree, pending: list[int], sampler: TokenSampler,

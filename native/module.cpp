@@ -213,7 +213,8 @@ NB_MODULE(_native, m) {
 
     nb::class_<ls::launched>(m, "Launched")
         .def_ro("n_past", &ls::launched::n_past)
-        .def_ro("n_pending", &ls::launched::n_pending);
+        .def_ro("n_pending", &ls::launched::n_pending)
+        .def_ro("node_rows", &ls::launched::node_rows);  // a flattened tree's: each node's batch row
 
     m.def(
         "launch",

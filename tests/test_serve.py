@@ -132,6 +132,37 @@ def test_openai_client_gets_the_engines_greedy_text(smol, reference):
     assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct"]
 
 
+def test_openai_logprobs_are_the_engines(smol, reference):
+    """logprobs through the OpenAI client, chat and text, streamed or not: each token's text
+    and bytes, its log-probability and alternatives are plain decoding's (one thread: batched
+    rows are single tokens' bit for bit), the tokens make the text, the stream's the same."""
+    from openai import OpenAI
+    client = OpenAI(base_url=smol[0] + "/v1", api_key="unused")
+    reference.ctx.clear()
+    *events, done = reference.generate(Request(messages=CHAT, max_tokens=24, sampling=SamplingConfig(logprobs=2)))
+    want = [lp for e in events for lp in e.logprobs]
+    r = client.chat.completions.create(model="any", messages=CHAT, max_tokens=24, temperature=0, logprobs=True,
+                                       top_logprobs=2)
+    got = r.choices[0].logprobs.content
+    assert r.choices[0].message.content == done.text
+    assert b"".join(bytes(t.bytes) for t in got).decode() == done.text
+    assert [t.token for t in got] == [reference.model.token_bytes(lp.token).decode() for lp in want]
+    assert [t.logprob for t in got] == pytest.approx([lp.logprob for lp in want], abs=1e-6)
+    assert [[a.logprob for a in t.top_logprobs] for t in got] == [
+        pytest.approx([p for _, p in lp.top], abs=1e-6) for lp in want]
+    assert all(t.top_logprobs[0].token == t.token for t in got)  # greedy: the likeliest
+    streamed = [t for c in client.chat.completions.create(model="any", messages=CHAT, max_tokens=24, temperature=0,
+                                                          logprobs=True, top_logprobs=2, stream=True)
+                if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in got]
+    assert client.chat.completions.create(model="any", messages=CHAT, max_tokens=4).choices[0].logprobs is None
+    text = "The capital of France is"
+    c = client.completions.create(model="any", prompt=text, max_tokens=12, temperature=0, logprobs=3).choices[0]
+    assert "".join(c.logprobs.tokens) == c.text and len(c.logprobs.top_logprobs[0]) <= 3
+    assert c.logprobs.text_offset == [sum(map(len, c.logprobs.tokens[:i])) for i in range(len(c.logprobs.tokens))]
+    assert all(max(top.values()) >= lp for top, lp in zip(c.logprobs.top_logprobs, c.logprobs.token_logprobs))
+
+
 def test_stream_chunks_are_one_line_of_compact_json(smol):
     with httpx.stream("POST", smol[0] + "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 8,
                                                                       "temperature": 0, "stream": True}) as r:
@@ -247,6 +278,9 @@ BAD = [  # (method, path, body or raw bytes, status, words in the message)
     ("POST", "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
     ("POST", "/v1/chat/completions", {"messages": CHAT, "n": 2}, 400, "n"),
     ("POST", "/v1/completions", {"prompt": "x", "echo": True}, 400, "echo"),
+    ("POST", "/v1/completions", {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    ("POST", "/v1/chat/completions", {"messages": CHAT, "top_logprobs": 2}, 400, "top_logprobs needs logprobs"),
+    ("POST", "/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": -1}, 400, "top_logprobs"),
     ("POST", "/detokenize", {"tokens": [10**9]}, 400, "outside the vocabulary"),
     ("POST", "/completion", {"prompt": "hi", "drafter": "warp@3"}, 400, "unknown drafter 'warp'"),
     # a request never loads a drafter: one the server has not loaded is refused at once

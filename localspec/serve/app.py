@@ -23,7 +23,7 @@ from localspec.drafters.spec import DrafterSpec
 from localspec.engine import Delta, Done, Engine, Reason, Request
 from localspec.errors import LocalspecError
 from localspec.loop import Stats
-from localspec.sampling import SamplingConfig
+from localspec.sampling import SamplingConfig, TokenLogprob
 from localspec.serve import schema
 from localspec.serve.infill import INFILL_BATCH, INFILL_PREDICT, ExtraChunk, infill_tokens, missing_fim_tokens
 from localspec.worker import END, Job, Worker
@@ -250,7 +250,7 @@ async def llama_answer(worker: Worker, e: Engine, tokens: list[int], body: schem
                     yield {"index": 0, "content": event.text, "tokens": [], "stop": False, "id_slot": 0,
                            "tokens_predicted": 0, "tokens_evaluated": len(tokens)}
         return sse(events())
-    text, done = await gather(job, http)
+    text, done, _ = await gather(job, http)
     return JSON(final(text, done))
 
 
@@ -281,7 +281,10 @@ async def openai_answer(worker: Worker, e: Engine, tokens: list[int], body: sche
     """Run an OpenAI request: one JSON body, or SSE chunks (the role first, the usage where
     asked) then [DONE]."""
     check_prompt(e, tokens)
-    request = make_request(e, tokens, body, body.limit(), default_temperature=0.8)
+    k = body.logprob_alternatives()
+    if isinstance(body, schema.ChatBody) and body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true")
+    request = make_request(e, tokens, body, body.limit(), default_temperature=0.8, logprobs=k)
     job = worker.submit(run_request(request, Limits(body.n_indent, body.t_max_predict_ms), warm=False))
     ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     common = {"created": int(time.time()), "model": model_name(e), "system_fingerprint": f"localspec-{__version__}",
@@ -292,13 +295,21 @@ async def openai_answer(worker: Worker, e: Engine, tokens: list[int], body: sche
         return {"completion_tokens": stats.predicted_n, "prompt_tokens": len(tokens),
                 "total_tokens": stats.predicted_n + len(tokens)}
 
-    def choice(text: str | None, finish: str | None, final: bool = False) -> dict:
+    offset = 0  # where the next token's text starts (text_offset): its tokens' texts so far
+
+    def choice(text: str | None, finish: str | None, final: bool = False,
+               lps: tuple[TokenLogprob, ...] = ()) -> dict:
+        nonlocal offset
         if not chat:
-            return {"text": text or "", "index": 0, "logprobs": None, "finish_reason": finish}
+            logprobs = completion_logprobs(e, lps, offset) if k is not None else None
+            if lps:
+                offset = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
+            return {"text": text or "", "index": 0, "logprobs": logprobs, "finish_reason": finish}
         if final and not body.stream:
-            return {"finish_reason": finish, "index": 0, "message": {"role": "assistant", "content": text}}
-        delta = {} if text is None else {"content": text}
-        return {"finish_reason": finish, "index": 0, "delta": delta}
+            out = {"finish_reason": finish, "index": 0, "message": {"role": "assistant", "content": text}}
+        else:
+            out = {"finish_reason": finish, "index": 0, "delta": {} if text is None else {"content": text}}
+        return out | ({"logprobs": {"content": [token_logprob_json(e, lp) for lp in lps]}} if k is not None else {})
 
     if body.stream:
         async def events():
@@ -319,14 +330,14 @@ async def openai_answer(worker: Worker, e: Engine, tokens: list[int], body: sche
                         yield last
                         yield {"choices": [], **common, "object": kind + ".chunk",
                                "usage": usage(stats), "timings": timings(stats)}
-                elif event.text:
-                    yield {"choices": [choice(event.text, None)], **common,
+                elif event.text or event.logprobs:
+                    yield {"choices": [choice(event.text, None, lps=event.logprobs)], **common,
                            "object": kind + ".chunk" if chat else kind}
             yield "[DONE]"
         return sse(events())
-    text, done = await gather(job, http)
+    text, done, lps = await gather(job, http)
     stats = done.stats if done else Stats()
-    return JSON({"choices": [choice(text, finish_reason(done), final=True)], **common, "object": kind,
+    return JSON({"choices": [choice(text, finish_reason(done), final=True, lps=lps)], **common, "object": kind,
                  "usage": usage(stats), "timings": timings(stats)})
 
 
@@ -346,14 +357,14 @@ def check_prompt(e: Engine, tokens: list[int]) -> None:
 
 
 def make_request(e: Engine, tokens: list[int], o: schema.Options, n_predict: int | None,
-                 default_temperature: float) -> Request:
+                 default_temperature: float, logprobs: int | None = None) -> Request:
     d = SamplingConfig()
     sampling = SamplingConfig(
         temperature=default_temperature if o.temperature is None else o.temperature,
         top_k=d.top_k if o.top_k is None else o.top_k, top_p=d.top_p if o.top_p is None else o.top_p,
         min_p=d.min_p if o.min_p is None else o.min_p,
         repeat_penalty=d.repeat_penalty if o.repeat_penalty is None else o.repeat_penalty,
-        seed=None if o.seed in (None, -1) else o.seed)
+        seed=None if o.seed in (None, -1) else o.seed, logprobs=logprobs)
     room = e.ctx.n_ctx - len(tokens) + 1
     limit = room if n_predict in (None, -1) else min(max(n_predict, 1), room)
     stops = (o.stop,) if isinstance(o.stop, str) else tuple(o.stop or ())
@@ -428,15 +439,37 @@ def run_request(request: Request, limits: Limits, warm: bool) -> Callable[[Engin
     return run
 
 
-async def gather(job: Job, http: HTTPRequest) -> tuple[str, Done | None]:
-    """A job's whole text and its end, for an answer that is not streamed."""
-    text, done = "", None
+async def gather(job: Job, http: HTTPRequest) -> tuple[str, Done | None, tuple[TokenLogprob, ...]]:
+    """A job's whole text, its end, and its tokens' log-probabilities where it asked, for an
+    answer that is not streamed."""
+    text, done, logprobs = "", None, ()
     async for event in follow(job, http):
         if isinstance(event, Done):
             done = event
         else:
             text += event.text
-    return text, done
+            logprobs += event.logprobs
+    return text, done, logprobs
+
+
+def token_logprob_json(e: Engine, lp: TokenLogprob) -> dict:
+    """A token's log-probability as OpenAI's chat completions give it: its text, its bytes (a
+    token may hold part of a character), and its likeliest alternatives'."""
+    def one(token: int, logprob: float) -> dict:
+        raw = e.model.token_bytes(token)
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+    return one(lp.token, lp.logprob) | {"top_logprobs": [one(t, p) for t, p in lp.top]}
+
+
+def completion_logprobs(e: Engine, lps: tuple[TokenLogprob, ...], offset: int) -> dict:
+    """Log-probabilities as OpenAI's text completions give them, each token's text starting
+    `offset` characters into the completion onwards."""
+    pieces = [e.model.token_bytes(lp.token).decode("utf-8", errors="replace") for lp in lps]
+    starts = [offset + sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
+    return {"tokens": pieces, "token_logprobs": [lp.logprob for lp in lps],
+            "top_logprobs": [{e.model.token_bytes(t).decode("utf-8", errors="replace"): p for t, p in lp.top}
+                             for lp in lps],
+            "text_offset": starts}
 
 
 async def follow(job: Job, http: HTTPRequest) -> AsyncIterator:

@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from localspec.sampling import MAX_LOGPROBS
+
 MAX_PREDICT = 32_768       # no request generates more than this (and never past the context)
 MAX_TEXT = 4_000_000       # characters of any one text field (the body is bounded too)
 
@@ -90,11 +92,21 @@ class OpenAIOptions(Options):
 
 class ChatBody(OpenAIOptions):
     messages: list[ChatMessage] = Field(min_length=1, max_length=10_000)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    def logprob_alternatives(self) -> int | None:
+        """Alternatives per token's log-probability; None: no log-probabilities."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class OpenAICompletionBody(OpenAIOptions):
     prompt: Text | list[Annotated[int, Field(ge=0)]]
     echo: Literal[False] = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    def logprob_alternatives(self) -> int | None:
+        return self.logprobs
 
 
 class TokenizeBody(BaseModel):
