@@ -161,6 +161,11 @@ def test_openai_logprobs_are_the_engines(smol, reference):
     assert "".join(c.logprobs.tokens) == c.text and len(c.logprobs.top_logprobs[0]) <= 3
     assert c.logprobs.text_offset == [sum(map(len, c.logprobs.tokens[:i])) for i in range(len(c.logprobs.tokens))]
     assert all(max(top.values()) >= lp for top, lp in zip(c.logprobs.top_logprobs, c.logprobs.token_logprobs))
+    native = httpx.post(smol[0] + "/completion", json={"prompt": text, "n_predict": 12, "temperature": 0,
+                                                       "n_probs": 3}, timeout=60).json()
+    assert [p["token"] for p in native["completion_probabilities"]] == c.logprobs.tokens
+    assert [p["logprob"] for p in native["completion_probabilities"]] == pytest.approx(c.logprobs.token_logprobs)
+    assert [len(p["top_logprobs"]) for p in native["completion_probabilities"]] == [3] * len(c.logprobs.tokens)
 
 
 def test_stream_chunks_are_one_line_of_compact_json(smol):
@@ -279,6 +284,7 @@ BAD = [  # (method, path, body or raw bytes, status, words in the message)
     ("POST", "/v1/chat/completions", {"messages": CHAT, "n": 2}, 400, "n"),
     ("POST", "/v1/completions", {"prompt": "x", "echo": True}, 400, "echo"),
     ("POST", "/v1/completions", {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    ("POST", "/completion", {"prompt": "x", "n_probs": 99}, 400, "n_probs"),
     ("POST", "/v1/chat/completions", {"messages": CHAT, "top_logprobs": 2}, 400, "top_logprobs needs logprobs"),
     ("POST", "/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": -1}, 400, "top_logprobs"),
     ("POST", "/detokenize", {"tokens": [10**9]}, 400, "outside the vocabulary"),

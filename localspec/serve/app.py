@@ -223,14 +223,16 @@ async def llama_answer(worker: Worker, e: Engine, tokens: list[int], body: schem
                        default_temperature: float):
     """Run a llama-server request: one JSON body, or SSE chunks then the final one."""
     check_prompt(e, tokens)
-    request = make_request(e, tokens, body, body.n_predict, default_temperature)
+    request = make_request(e, tokens, body, body.n_predict, default_temperature, body.n_probs or None)
     limits = Limits(body.n_indent, body.t_max_predict_ms)
+    probs = (lambda lps: {"completion_probabilities": [token_logprob_json(e, lp, ids=True) for lp in lps]}
+             ) if body.n_probs else (lambda lps: {})
     job = worker.submit(run_request(request, limits, warm=body.n_predict == 0))
     settings = {**defaults(e), **sampling_json(request.sampling), "n_predict": body.n_predict or -1,
                 "n_ctx": e.ctx.n_ctx, "stream": body.stream, "stop": list(request.stop),
                 "speculative": str(request.drafter or e.cfg.drafter)}
 
-    def final(text: str, done: Done | None) -> dict:
+    def final(text: str, done: Done | None, lps: tuple[TokenLogprob, ...] = ()) -> dict:
         stats = done.stats if done else Stats()
         reason, word = stop_type(done, limits)
         res = {"index": 0, "content": text, "tokens": [], "id_slot": 0, "stop": True,
@@ -238,7 +240,7 @@ async def llama_answer(worker: Worker, e: Engine, tokens: list[int], body: schem
                "tokens_evaluated": len(tokens), "generation_settings": settings,
                "prompt": "", "has_new_line": "\n" in text, "truncated": False,
                "stop_type": reason, "stopping_word": word, "tokens_cached": done.cached if done else 0,
-               "timings": timings(stats)}
+               "timings": timings(stats), **probs(lps)}
         return pick(res, body.response_fields)
 
     if body.stream:
@@ -246,12 +248,12 @@ async def llama_answer(worker: Worker, e: Engine, tokens: list[int], body: schem
             async for event in follow(job, http):
                 if isinstance(event, Done):
                     yield final("", event)
-                elif event.text:
+                elif event.text or event.logprobs:
                     yield {"index": 0, "content": event.text, "tokens": [], "stop": False, "id_slot": 0,
-                           "tokens_predicted": 0, "tokens_evaluated": len(tokens)}
+                           "tokens_predicted": 0, "tokens_evaluated": len(tokens), **probs(event.logprobs)}
         return sse(events())
-    text, done, _ = await gather(job, http)
-    return JSON(final(text, done))
+    text, done, lps = await gather(job, http)
+    return JSON(final(text, done, lps))
 
 
 def add_openai_routes(app: FastAPI, worker: Worker) -> None:
@@ -452,12 +454,14 @@ async def gather(job: Job, http: HTTPRequest) -> tuple[str, Done | None, tuple[T
     return text, done, logprobs
 
 
-def token_logprob_json(e: Engine, lp: TokenLogprob) -> dict:
+def token_logprob_json(e: Engine, lp: TokenLogprob, ids: bool = False) -> dict:
     """A token's log-probability as OpenAI's chat completions give it: its text, its bytes (a
-    token may hold part of a character), and its likeliest alternatives'."""
+    token may hold part of a character), and its likeliest alternatives'; with `ids` each
+    token's id too (llama-server's completion_probabilities)."""
     def one(token: int, logprob: float) -> dict:
         raw = e.model.token_bytes(token)
-        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+        return ({"id": token} if ids else {}) | {"token": raw.decode("utf-8", errors="replace"),
+                                                 "logprob": logprob, "bytes": list(raw)}
     return one(lp.token, lp.logprob) | {"top_logprobs": [one(t, p) for t, p in lp.top]}
 
 

@@ -37,6 +37,7 @@ class Options(BaseModel):
     t_max_predict_ms: float | None = Field(None, le=3_600_000)  # after this, stop at a newline
     n_indent: int = Field(0, ge=0, le=10_000)  # stop before a line indented less than this
     response_fields: list[str] | None = Field(None, max_length=64)
+    n_probs: int = Field(0, ge=0, le=MAX_LOGPROBS)  # llama-server's: each token's log-probability and this many alternatives'
     drafter: str | None = Field(None, max_length=1000)  # localspec's: what drafts (one the server has loaded)
 
 
