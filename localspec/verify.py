@@ -40,6 +40,7 @@ class DraftTree:
     q_offsets: np.ndarray = field(default_factory=lambda: _EMPTY_I)
     q_ids: np.ndarray = field(default_factory=lambda: _EMPTY_I)
     q_probs: np.ndarray = field(default_factory=lambda: _EMPTY_F)
+    _n_leaves: int = field(default=-1, init=False, repr=False, compare=False)
 
     @staticmethod
     def empty() -> DraftTree:
@@ -82,7 +83,11 @@ class DraftTree:
         return n, not (self.parents == node).any()
 
     def n_leaves(self) -> int:
-        return int((~self.has_child()).sum())
+        """Nodes without children (root-to-leaf paths): counted once per tree (sizing asks
+        again and again)."""
+        if self._n_leaves < 0:
+            self._n_leaves = len(self) - len(set(self.parents.tolist()) - {-1})
+        return self._n_leaves
 
     def hybrid_forwards(self, n: int) -> list[list[int]]:
         """For each prefix of 0..n nodes, the rows of each forward a hybrid target decodes it in

@@ -78,7 +78,8 @@ class Budget:
             rates.append(gain / prices[n])
         n_max = len(rates) - 1
         best = max(range(n_max + 1), key=rates.__getitem__)  # the first best: fewer nodes
-        if best and tree.prefix(best).n_leaves() > self.n_seq_max:  # too many paths: the next best
+        # (a prefix has at most the whole tree's leaves: most trees need no count of the prefix's)
+        if best and tree.n_leaves() > self.n_seq_max and tree.prefix(best).n_leaves() > self.n_seq_max:
             best = next((n for n in sorted(range(n_max + 1), key=lambda n: -rates[n])
                          if n == 0 or tree.prefix(n).n_leaves() <= self.n_seq_max), 0)
         kept = tree.prefix(best)
