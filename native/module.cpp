@@ -161,6 +161,22 @@ NB_MODULE(_native, m) {
         },
         "ids"_a, "probs"_a, "rng"_a, "Draw a token from a distribution (ids, probs).");
 
+    m.def(
+        "token_logprobs",
+        [](vec_in<const float> logits, int32_t token, int32_t k) {
+            const int32_t n = int32_t(logits.shape(0));
+            if (token < 0 || token >= n || k < 0) throw nb::value_error("token_logprobs: a token outside the row");
+            ls::token_logprobs t;
+            {
+                nb::gil_scoped_release release;
+                t = ls::logprobs_of(logits.data(), n, token, k);
+            }
+            return nb::make_tuple(t.logprob, to_numpy(t.ids), to_numpy(t.logprobs));
+        },
+        "logits"_a, "token"_a, "k"_a,
+        "(token's log-probability, the k likeliest ids, their log-probabilities): the row's\n"
+        "softmax at temperature 1, best first.");
+
     nb::class_<ls::sampler>(m, "Sampler")
         .def(nb::init<const ls::sampling_params &>(), "params"_a)
         .def(

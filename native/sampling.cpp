@@ -53,6 +53,22 @@ void select_top_k(const float * logits, int32_t n_vocab, int32_t k,
 
 }  // namespace
 
+token_logprobs logprobs_of(const float * logits, int32_t n_vocab, int32_t token, int32_t k) {
+    const float peak = logits[argmax(logits, n_vocab)];
+    double sum = 0.0;
+    for (int32_t i = 0; i < n_vocab; ++i) sum += std::exp(logits[i] - peak);
+    const double norm = double(peak) + std::log(sum);
+    token_logprobs out;
+    out.logprob = double(logits[token]) - norm;
+    std::vector<std::pair<float, int32_t>> best;
+    if (k > 0) select_top_k(logits, n_vocab, std::min(k, n_vocab), best);
+    for (const auto & [logit, id] : best) {
+        out.ids.push_back(id);
+        out.logprobs.push_back(double(logit) - norm);
+    }
+    return out;
+}
+
 int32_t argmax(const float * logits, int32_t n_vocab) {
     // The row is read once per accepted token of every iteration (152k floats for Qwen): one
     // pass in independent lanes, each keeping its largest logit and where it was first seen,

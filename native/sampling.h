@@ -62,6 +62,16 @@ private:
 // The id of the largest logit (the lowest such id on a tie).
 int32_t argmax(const float * logits, int32_t n_vocab);
 
+// A token's log-probability in a row of logits (their softmax at temperature 1), and the k
+// likeliest tokens' (best first; ties: the lower id): what a request that asks for
+// log-probabilities is handed per generated token.
+struct token_logprobs {
+    double               logprob = 0.0;
+    std::vector<int32_t> ids;
+    std::vector<double>  logprobs;  // (doubles: the token's own is the same number where it is one of them)
+};
+token_logprobs logprobs_of(const float * logits, int32_t n_vocab, int32_t token, int32_t k);
+
 // Draw from a distribution: the first id whose cumulative probability exceeds a uniform u.
 int32_t draw(const distribution & dist, rng & r);
 
