@@ -5,7 +5,8 @@
 # argmax on the device, every output checked against plain decoding and any row the device
 # gave no valid token for counted; and the synthetic-acceptance bench (mean lengths 4 and 8:
 # chains, trees, a no-draft step against plain's) with the batch shapes on (auto) and off,
-# T 0.8 with top-k 40 (each row's candidates from the graph), Jakiro's draft trees grown on the
+# T 0.8 with top-k 40 (each row's candidates from the graph), log-probabilities (the rows read on
+# the host) against plain decoding's, Jakiro's draft trees grown on the
 # device against the target's forward (scripts/jakiro_cost.py), tiny hybrids (qwen35, lfm2:
 # chains with the recurrent state rolled back), model drafters (an MTP layer, an EAGLE-3 step),
 # then, time allowing, the Qwen3-30B-A3B-shaped MoE (../shared/gpu/make_moe.py).
@@ -52,6 +53,21 @@ grep "not finite" $O/bench-7b.txt | head -2
 el "bench 7b (argmax on the device)"
 timeout 60 $L $B --drafter lookup --temperature 0.8 --top-k 40 --seed 1 --json $O/bench-7b-t08.json 2>&1 | grep -v "^bench\|warming"
 el "bench 7b, T 0.8 top-k 40 (candidates on the device)"
+timeout 60 $V/python - <<'EOF' 2>&1 | grep -v "^localspec: [a-z]* curve"
+from localspec.engine import Engine, EngineConfig, Request
+from localspec.drafters.spec import DrafterSpec
+from localspec.sampling import SamplingConfig
+e = Engine(EngineConfig(model="/tmp/models/rand-7b.gguf", store=":memory:"))
+def run(drafter):
+    *events, done = e.generate(Request(prompt="def add(a, b):\n    return a + b\n" * 8, max_tokens=48, cache=False,
+                                       drafter=DrafterSpec.parse(drafter), sampling=SamplingConfig(logprobs=2)))
+    return done, [lp for x in events for lp in x.logprobs]
+(_, plain), (done, drafted) = run("none"), run("lookup")
+print(f"logprobs on the GPU: {len(drafted)} tokens, {done.stats.draft_n_accepted} drafted accepted, the same tokens as "
+      f"plain: {[a.token for a in plain] == [b.token for b in drafted]}, largest difference "
+      f"{max(abs(a.logprob - b.logprob) for a, b in zip(plain, drafted)):.4f}")
+EOF
+el "logprobs 7b (rows read on the host)"
 RUNS=("len=4 auto"); [ -n "${QUICK:-}" ] || RUNS+=("len=4 off")
 for run in "${RUNS[@]}"; do
   set -- $run
