@@ -143,3 +143,10 @@ def test_strict_decoding_settles_a_tie_and_gives_its_tokens_logprob(small_path):
         assert tokens == plain and lps == plain_lps
     finally:
         engine.close()
+
+
+def test_an_impossible_token_or_a_row_of_nan_gives_a_number_json_can_carry():
+    logits = np.array([0.0, -np.inf, 1.0], np.float32)
+    assert token_logprob(logits, 1, 3).logprob == -9999.0 and token_logprob(logits, 1, 3).top[-1] == (1, -9999.0)
+    nan = token_logprob(np.full(4, np.nan, np.float32), 2, 2)
+    assert nan.logprob == -9999.0 and all(p == -9999.0 for _, p in nan.top)
