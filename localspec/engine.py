@@ -119,9 +119,8 @@ class Delta:
     n_drafted: int  # of them, from accepted drafts
     arm: str        # what the controller ran ("plain", "lookup@3", ...)
     iterations: int = 1  # of the loop this delta covers
-    # Per token written (end-of-generation tokens are not), where the request asks: its
-    # log-probability. A token's text may come in a later delta (half a character, a
-    # possible stop string); a stop string's tokens have theirs.
+    # Per token whose text this delta gives out (or, at a stop string, the last that gave
+    # any), where the request asks: its log-probability. End-of-generation tokens have none.
     logprobs: tuple[TokenLogprob, ...] = ()
 
     @property
@@ -133,6 +132,25 @@ class Delta:
         return Delta(self.pieces + later.pieces, self.n_tokens + later.n_tokens,
                      self.n_drafted + later.n_drafted, later.arm, self.iterations + later.iterations,
                      self.logprobs + later.logprobs)
+
+
+@dataclass
+class HeldLogprobs:
+    """A request's log-probabilities, each given out with its token's text: none for text
+    that never is (a stop string's tokens: llama-server's answers, as OpenAI's, carry none)."""
+    held: list[TokenLogprob] = field(default_factory=list)
+    given: int = 0
+
+    def add(self, logprobs: tuple[TokenLogprob, ...]) -> None:
+        self.held += logprobs
+
+    def ready(self, text: TextStream) -> bool:
+        return min(text.tokens_out(), len(self.held)) > self.given
+
+    def out(self, text: TextStream) -> tuple[TokenLogprob, ...]:
+        n = max(self.given, min(text.tokens_out(), len(self.held)))
+        out, self.given = tuple(self.held[self.given:n]), n
+        return out
 
 
 class Reason(str, enum.Enum):
@@ -354,6 +372,7 @@ class Engine:
         if self.ctx.rollback:  # a chain rejects at most all but its root: what the state rolls back
             max_batch = min(max_batch or self.ctx.n_ctx, self.ctx.rollback + 1)
         stats, text, generated, reason = Stats(), TextStream(self.model, request.stop), [], None
+        logprobs = HeldLogprobs()
         ctx = self.ctx = self.slots.pick(tokens)
         if not request.cache:
             ctx.clear()
@@ -383,12 +402,14 @@ class Engine:
                     if text.stopped:
                         reason = Reason.STOP
                         break
-                yield Delta(text.take(final=reason is not None), len(it.tokens), it.n_accepted, it.arm,
-                            logprobs=it.logprobs[:written])
+                logprobs.add(it.logprobs[:written])
+                pieces = text.take(final=reason is not None)
+                yield Delta(pieces, len(it.tokens), it.n_accepted, it.arm, logprobs=logprobs.out(text))
         if reason is None:  # the request's max_tokens, the context's end, or cancelled
             reason = Reason.CANCELLED if cancel.is_set() else Reason.LENGTH
-            if rest := text.take(final=True):
-                yield Delta(rest, 0, 0, controller.arm, iterations=0)
+            rest = text.take(final=True)
+            if rest or logprobs.ready(text):
+                yield Delta(rest, 0, 0, controller.arm, iterations=0, logprobs=logprobs.out(text))
         self.drafters.learn([t for t in generated if not self.model.is_eog(t)])
         yield Done(reason, text.text, generated, stats, text.matched, len(ctx.tokens))
 

@@ -11,7 +11,7 @@ from localspec.bench.synthetic import SyntheticDrafter
 from localspec.control.controllers import Fixed, Plain
 from localspec.drafters.base import Budget
 from localspec.drafters.lookup import LookupDrafter
-from localspec.engine import Engine, EngineConfig
+from localspec.engine import Engine, EngineConfig, Request
 from localspec.llama.context import Context, ContextConfig
 from localspec.loop import RunOptions, Stats, run
 from localspec.sampling import SamplingConfig, token_logprob
@@ -150,3 +150,30 @@ def test_an_impossible_token_or_a_row_of_nan_gives_a_number_json_can_carry():
     assert token_logprob(logits, 1, 3).logprob == -9999.0 and token_logprob(logits, 1, 3).top[-1] == (1, -9999.0)
     nan = token_logprob(np.full(4, np.nan, np.float32), 2, 2)
     assert nan.logprob == -9999.0 and all(p == -9999.0 for _, p in nan.top)
+
+
+def test_a_stop_strings_tokens_carry_no_logprobs(small_path):
+    """A token's log-probability comes with its text, so a stop string's tokens, whose text is
+    never given out, carry none (as in llama-server's answers); one whose text runs into the
+    stop string does. Without a stop, every token written has one."""
+    engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=2, store=":memory:",
+                                 refine_curve=False))
+    try:
+        def answer(stop: tuple[str, ...]) -> tuple[str, list[str]]:
+            *events, done = engine.generate(Request(prompt=PROMPT, max_tokens=24, stop=stop, ignore_eog=True,
+                                                    sampling=SamplingConfig(logprobs=0)))
+            pieces = [engine.model.token_bytes(lp.token).decode("utf-8", "replace")
+                      for e in events for lp in e.logprobs]
+            assert len(pieces) <= len(done.tokens)
+            return done.text, pieces
+
+        whole, pieces = answer(())
+        assert "".join(pieces) == whole and len(pieces) == 24
+        for stop in (whole[9:14], whole[10:12]):
+            text, pieces = answer((stop,))
+            assert text == whole[:whole.index(stop)]
+            starts = [len("".join(pieces[:i])) for i in range(len(pieces))]
+            assert "".join(pieces).startswith(text) and all(start < len(text) for start in starts)
+            assert len("".join(pieces)) >= len(text)
+    finally:
+        engine.close()

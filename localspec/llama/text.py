@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from datetime import date
 from typing import Sequence
 
@@ -27,11 +28,17 @@ class TextStream:
         self.stopped = False
         self.matched = ""  # the stop string found
         self._out: list[tuple[str, str | None]] = []
+        # Per token fed, where its text ends (characters decoded so far); a token whose bytes
+        # end inside a character ends with that character, once a later token completes it.
+        self._ends: list[int] = []
+        self._decoded = 0
+        self._unended = 0
 
     def feed(self, token: int, source: str | None = None) -> None:
         self.pending += self.model.token_bytes(token)
         n = complete_utf8_prefix(self.pending)
         new, self.pending = self.pending[:n].decode("utf-8", "replace"), self.pending[n:]
+        self._end_tokens(len(new), 1)
         if not new or self.stopped:
             return
         if self.stops:
@@ -43,11 +50,27 @@ class TextStream:
         """The runs of text given out since the last call (at the end, all that is held)."""
         if final and not self.stopped:
             rest, self.pending = self.pending.decode("utf-8", "replace"), b""
+            self._end_tokens(len(rest), 0)
             if rest:
                 self.held.append([rest, None])
             self._release(sum(len(t) for t, _ in self.held))
         out, self._out = tuple(self._out), []
         return out
+
+    def tokens_out(self) -> int:
+        """How many of the tokens fed have their text out in full; after a stop string, every
+        token that gave any text (one may end inside the stop string), none past it."""
+        n = bisect_right(self._ends, len(self.text))
+        if self.stopped and n < len(self._ends) and (self._ends[n - 1] if n else 0) < len(self.text):
+            n += 1
+        return n
+
+    def _end_tokens(self, n_chars: int, n_fed: int) -> None:
+        self._decoded += n_chars
+        self._unended += n_fed
+        if not self.pending:
+            self._ends += [self._decoded] * self._unended
+            self._unended = 0
 
     def _hold(self, new: str, source: str | None) -> None:
         if self.held and self.held[-1][1] == source:
