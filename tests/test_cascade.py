@@ -288,6 +288,18 @@ def test_a_free_drafter_starts_uncapped_a_timed_one_at_its_predicted_k():
     auto = CascadeController({"lookup": LookupDrafter(), "model": Costly()}, curve, 8)
     assert auto.cascade.k_start("lookup") == CascadeConfig().ladder[-1]
     assert 1 <= auto.cascade.k_start("model") < CascadeConfig().ladder[-1]
+    assert auto.cascade.sizes_itself("lookup") and not auto.cascade.sizes_itself("model")
+
+
+@pytest.mark.unit
+def test_a_drafter_that_sizes_itself_is_never_climbed():
+    """A free drafter's proposals are sized on the cost curve from its own estimates, so a cap
+    could only cut them: it runs at its starting K or not at all, where a drafter whose K is
+    a cap is climbed to the K that pays best."""
+    landscape = peaked(6, 2.0)
+    arms = lambda cascade: {a for a in simulate(cascade, lambda arm, i: landscape(arm[1]), 300) if a != PLAIN}
+    assert arms(Cascade(["lookup"], predict_k=lambda d: 64, sizes_itself=lambda d: True)) == {("lookup", 48)}
+    assert ("lookup", 6) in arms(Cascade(["lookup"], predict_k=lambda d: 64))
 
 
 class Copying(LookupDrafter):

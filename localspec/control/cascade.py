@@ -17,8 +17,8 @@ text that stops repeating is followed within a few iterations.
 
 Beyond the paper: the arms span several drafters. A test phase first tries each drafter at
 its starting K (the K of its best recent utility, else what the cost curve predicts from its
-acceptance), then hill-climbs K on the best one not yet at a known maximum (of those near the best arm),
-up from a K that nearly pays too, and past `max_trials` while each step gains; what was
+acceptance), then hill-climbs K on the best one not yet at a known maximum (of those near the best arm;
+never one that sizes its own proposals, as prompt lookup does), up from a K that nearly pays too, and past `max_trials` while each step gains; what was
 measured carries over, so the climb goes on across test phases. A drafter whose trials stay clearly
 below 1 (by more than `converge`) sits out 1, 3, 7, ... test phases (its own back-off), and
 a drafter for which the cost curve predicts no paying K (predict_k = 0: its drafting and
@@ -86,12 +86,16 @@ class Cascade:
     def __init__(self, drafters: Iterable[str], cfg: CascadeConfig = CascadeConfig(),
                  predict_k: Callable[[str], int] | None = None,
                  trial_cost: Callable[[str], float] | None = None,
-                 predict_utility: Callable[[str], float] | None = None):
+                 predict_utility: Callable[[str], float] | None = None,
+                 sizes_itself: Callable[[str], bool] | None = None):
+        """`sizes_itself(d)`: d's proposals are sized by the cost curve from its own estimates
+        (a free drafter's): it runs at its starting K and is never climbed."""
         self.drafters = list(drafters)
         self.cfg = cfg
         self.predict_k = predict_k or (lambda d: cfg.ladder[0])
         self.trial_cost = trial_cost or (lambda d: 0.0)  # seconds a trial loses against plain
         self.predict_utility = predict_utility or (lambda d: float("inf"))  # before any trial
+        self.sizes_itself = sizes_itself or (lambda d: False)
         self.memory = {d: _DrafterMemory() for d in self.drafters}
         self.decoded = self.explored = 0.0  # seconds recorded, and predicted lost exploring
         self.t_base = 0.0  # seconds per token of plain decoding, measured at iteration base_at
@@ -319,9 +323,12 @@ class Cascade:
         """The neighbour of d's best K worth a trial: up first while its utility is at least
         1 or within `converge` below it (a longer draft may pay where this one nearly did),
         else only down (so K = 1 clearly below 1 ends the search: speculation off); never one
-        measured worse than the best, nor one tried this phase. None: a known maximum."""
+        measured worse than the best, nor one tried this phase. None: a known maximum, or a
+        drafter that sizes its own proposals: a cap only cuts what its sizing judged to pay,
+        and trials of caps cost the iterations they run (on chat, 40% of a request's arms
+        were capped trials and set phases, down to K = 1, where one K ran its 57%)."""
         ladder, mem = self.cfg.ladder, self.memory[d].utility
-        if not mem:
+        if not mem or self.sizes_itself(d):
             return None
         k = max(mem, key=mem.get)
         u, i = mem[k], ladder.index(k)

@@ -96,7 +96,8 @@ class CascadeController:
         self.acceptance = {d: DecayingRatio(prior=0.5, decay=1.0) for d in members}
         self._context: list[int] = []
         self._curve = curve  # at the context of the iteration being chosen
-        self.cascade = Cascade(members, cfg, self.predict_k, self.trial_cost, self.predict_utility)
+        self.cascade = Cascade(members, cfg, self.predict_k, self.trial_cost, self.predict_utility,
+                               sizes_itself=lambda name: members[name].free)
         self.watched = [name for name, d in members.items() if d.free]
         # (drafter, context length, proposal, its verification's cost in plain forwards)
         self._shadows: list[tuple[str, int, DraftTree, float]] = []
@@ -184,10 +185,10 @@ class CascadeController:
         (1 + a + ... + a^K) / (cost(1 + K) + K t + c / trial), against 1 / cost(1) for plain
         decoding; 0 when no K beats plain. One that costs nothing (as far as it has been
         timed) is never predicted out: its trials judge it. A drafter that drafts for free
-        (prompt lookup) starts at the largest K: its proposals are sized by the curve from its
-        own estimates already, which a cap could only cut (climbing K from a small start cost
-        humaneval-warm a dozen trials a request); a climb down still finds a cap where its
-        estimates run high."""
+        (prompt lookup) runs at the largest K, never climbed: its proposals are sized by the
+        curve from its own estimates already, which a cap could only cut (climbing K from a
+        small start cost humaneval-warm a dozen trials a request, and climbing down from the
+        top cost chat-session 3% on the MoE curve)."""
         if self.members[name].free:
             return len(self._curve.seconds) - 1
         ks, gain, cost, free = self._trial_terms(name)
