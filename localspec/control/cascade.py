@@ -17,9 +17,9 @@ text that stops repeating is followed within a few iterations.
 
 Beyond the paper: the arms span several drafters. A test phase first tries each drafter at
 its starting K (the K of its best recent utility, else what the cost curve predicts from its
-acceptance), then hill-climbs K on the best one not yet at a known maximum (of those near the best arm;
-never one that sizes its own proposals, as prompt lookup does), up from a K that nearly pays too, and past `max_trials` while each step gains; what was
-measured carries over, so the climb goes on across test phases. A drafter whose trials stay clearly
+acceptance), then hill-climbs K on the best one not yet at a known maximum (of those near
+the best arm; never one that sizes its own proposals, as prompt lookup does), up from a K
+that nearly pays too, and past `max_trials` while each step gains; what was measured carries over, so the climb goes on across test phases. A drafter whose trials stay clearly
 below 1 (by more than `converge`) sits out 1, 3, 7, ... test phases (its own back-off), and
 a drafter for which the cost curve predicts no paying K (predict_k = 0: its drafting and
 catching-up time outweigh what its acceptance can gain; a trial ends there too, once its
@@ -324,9 +324,9 @@ class Cascade:
         1 or within `converge` below it (a longer draft may pay where this one nearly did),
         else only down (so K = 1 clearly below 1 ends the search: speculation off); never one
         measured worse than the best, nor one tried this phase. None: a known maximum, or a
-        drafter that sizes its own proposals: a cap only cuts what its sizing judged to pay,
-        and trials of caps cost the iterations they run (on chat, 40% of a request's arms
-        were capped trials and set phases, down to K = 1, where one K ran its 57%)."""
+        drafter that sizes its own proposals: a cap only cuts what its sizing judged to pay, and
+        each step is a trial (chat-session on the H200 MoE curve ran eleven caps down to K = 1
+        in 355 of 595 iterations; 526 iterations in all without the climb)."""
         ladder, mem = self.cfg.ladder, self.memory[d].utility
         if not mem or self.sizes_itself(d):
             return None
