@@ -142,13 +142,12 @@ class HeldLogprobs:
     given: int = 0
 
     def add(self, logprobs: tuple[TokenLogprob, ...]) -> None:
+        """An iteration's, every token's: those never fed to the text (an end of generation, a
+        token past a stop string) end the answer, so they are never given out."""
         self.held += logprobs
 
-    def ready(self, text: TextStream) -> bool:
-        return min(text.tokens_out(), len(self.held)) > self.given
-
     def out(self, text: TextStream) -> tuple[TokenLogprob, ...]:
-        n = max(self.given, min(text.tokens_out(), len(self.held)))
+        n = min(text.tokens_out(), len(self.held))
         out, self.given = tuple(self.held[self.given:n]), n
         return out
 
@@ -392,24 +391,22 @@ class Engine:
                 if on_iteration:
                     on_iteration(it)
                 generated += it.tokens
-                written = 0
                 for i, token in enumerate(it.tokens):
                     if self.model.is_eog(token) and not request.ignore_eog:
                         reason = Reason.EOG
                         break
                     text.feed(token, it.drafter if i < it.n_accepted else None)
-                    written += 1
                     if text.stopped:
                         reason = Reason.STOP
                         break
-                logprobs.add(it.logprobs[:written])
+                logprobs.add(it.logprobs)
                 pieces = text.take(final=reason is not None)
                 yield Delta(pieces, len(it.tokens), it.n_accepted, it.arm, logprobs=logprobs.out(text))
         if reason is None:  # the request's max_tokens, the context's end, or cancelled
             reason = Reason.CANCELLED if cancel.is_set() else Reason.LENGTH
             rest = text.take(final=True)
-            if rest or logprobs.ready(text):
-                yield Delta(rest, 0, 0, controller.arm, iterations=0, logprobs=logprobs.out(text))
+            if (lps := logprobs.out(text)) or rest:
+                yield Delta(rest, 0, 0, controller.arm, iterations=0, logprobs=lps)
         self.drafters.learn([t for t in generated if not self.model.is_eog(t)])
         yield Done(reason, text.text, generated, stats, text.matched, len(ctx.tokens))
 

@@ -19,8 +19,9 @@ Beyond the paper: the arms span several drafters. A test phase first tries each 
 its starting K (the K of its best recent utility, else what the cost curve predicts from its
 acceptance), then hill-climbs K on the best one not yet at a known maximum (of those near
 the best arm; never one that sizes its own proposals, as prompt lookup does), up from a K
-that nearly pays too, and past `max_trials` while each step gains; what was measured carries over, so the climb goes on across test phases. A drafter whose trials stay clearly
-below 1 (by more than `converge`) sits out 1, 3, 7, ... test phases (its own back-off), and
+that nearly pays too, and past `max_trials` while each step gains; what was measured carries
+over, so the climb goes on across test phases. A drafter whose trials stay clearly below 1
+(by more than `converge`) sits out 1, 3, 7, ... test phases (its own back-off), and
 a drafter for which the cost curve predicts no paying K (predict_k = 0: its drafting and
 catching-up time outweigh what its acceptance can gain; a trial ends there too, once its
 first iterations time the drafter), or, not yet measured, one that pays by less than a trial

@@ -6,6 +6,7 @@ one-line JSON (llama.vim looks for `"content":"`)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 import time
@@ -468,11 +469,10 @@ def token_logprob_json(e: Engine, lp: TokenLogprob, ids: bool = False) -> dict:
 def completion_logprobs(e: Engine, lps: tuple[TokenLogprob, ...], offset: int) -> dict:
     """Log-probabilities as OpenAI's text completions give them, each token's text starting
     `offset` characters into the completion onwards."""
-    pieces = [e.model.token_bytes(lp.token).decode("utf-8", errors="replace") for lp in lps]
-    starts = [offset + sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
+    pieces = [e.model.detokenize([lp.token]) for lp in lps]
+    starts = list(itertools.accumulate((len(p) for p in pieces[:-1]), initial=offset)) if pieces else []
     return {"tokens": pieces, "token_logprobs": [lp.logprob for lp in lps],
-            "top_logprobs": [{e.model.token_bytes(t).decode("utf-8", errors="replace"): p for t, p in lp.top}
-                             for lp in lps],
+            "top_logprobs": [{e.model.detokenize([t]): p for t, p in lp.top} for lp in lps],
             "text_offset": starts}
 
 
