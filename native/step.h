@@ -20,6 +20,10 @@ struct launched {
     int32_t n_seqs    = 1;
     std::vector<int32_t> tokens, parents;  // the tree's
     std::vector<int32_t> seq_of;           // per node, one sequence holding it
+    // Per leaf sequence, how many of the tree's leading chain (nodes 0, 1, ... each the last's
+    // child: the only nodes the cache can keep) its path holds; the sequences without a
+    // path hold the whole chain (finish). Empty where finish edits sequence by sequence.
+    std::vector<int32_t> chain_in;
     int32_t n_shared = 1;                  // sequences 0.. that hold the context (every tree's)
     int32_t pad_seq = -1;                  // the sequence of the padding rows (-1: none)
     double decode_s = 0.0;                 // in llama_decode

@@ -333,6 +333,12 @@ def test_kv_cache_equals_fresh_prefill_after_random_rounds(small_model):
         np.testing.assert_array_equal(ctx.logits(row), fresh.logits(0))
         assert ctx.seq_pos_max(0) == len(ctx.tokens) - 1
         assert all(ctx.seq_pos_max(s) == ctx.seq_pos_max(0) for s in range(1, 8))  # every sequence holds the context
+        # ... and nothing else: one more token in each sequence alone, in one batch, sees
+        # what sequence 0 sees (a node left behind in a sequence would change its row).
+        n = len(ctx.tokens)
+        ctx.decode([truth[len(out)]] * 8, [n] * 8, [[s] for s in range(8)], [True] * 8)
+        for s in range(1, 8):
+            np.testing.assert_array_equal(ctx.logits(s), ctx.logits(0))
 
 
 def test_seeded_sampling_with_drafters_is_reproducible(target):
