@@ -22,13 +22,21 @@ void seq_rm(llama_memory_t mem, llama_seq_id seq, llama_pos p0, llama_pos p1) {
     }
 }
 
+// The tree's leading chain: nodes 0, 1, ... each the last one's child (the only nodes the
+// cache can keep, see finish).
+int32_t leading_chain(const draft_tree & tree) {
+    int32_t n = 0;
+    while (n < tree.n_nodes && tree.parents[n] == n - 1) ++n;
+    return n;
+}
+
 // The tree-attention mask as sequence sets: one sequence per leaf (numbered in node order),
-// and every node in the sequences of the leaves below it. Where `chain_in` is given, the
-// leading chain's nodes are in the sequences without a path too (n_leaves .. n_shared - 1,
-// after the leaves': a row's mask is its first sequence's, so no row sees them), and
-// chain_in[s] is how many of that chain leaf s's path holds.
+// and every node in the sequences of the leaves below it. Where `chain_in` is given,
+// chain_in[s] is how many of the leading chain leaf s's path holds, and its first
+// `idle_chain` nodes are in the sequences without a path too (n_leaves .. n_shared - 1, after
+// the leaves': a row's mask is its first sequence's, so no row sees them).
 int32_t path_sequences(const draft_tree & tree, int32_t n_shared, std::vector<std::vector<int32_t>> & seqs,
-                       std::vector<int32_t> * chain_in) {
+                       std::vector<int32_t> * chain_in, int32_t idle_chain) {
     const int32_t n = tree.n_nodes;
     std::vector<bool> has_child(n, false);
     for (int32_t i = 0; i < n; ++i) {
@@ -44,14 +52,13 @@ int32_t path_sequences(const draft_tree & tree, int32_t n_shared, std::vector<st
         if (p >= 0) seqs[p].insert(seqs[p].end(), seqs[i].begin(), seqs[i].end());
     }
     if (chain_in) {
-        int32_t chain = 0;
-        while (chain < n && tree.parents[chain] == chain - 1) ++chain;
+        const int32_t chain = leading_chain(tree);
         std::vector<int32_t> held(n);  // per node, the leading chain's nodes on its path
         chain_in->assign(n_leaves, 0);
         for (int32_t i = 0; i < n; ++i) {
             held[i] = i < chain ? i + 1 : tree.parents[i] < 0 ? 0 : held[tree.parents[i]];
             if (!has_child[i]) (*chain_in)[seqs[i][0]] = held[i];
-            if (i < chain) {
+            if (i < idle_chain) {
                 for (int32_t s = n_leaves; s < n_shared; ++s) seqs[i].push_back(s);
             }
         }
@@ -170,7 +177,15 @@ int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int
     const llama_model * model = llama_get_model(ctx);
     const bool by_chain = layout == tree_layout::shared && !llama_model_is_recurrent(model) &&
                           !llama_model_is_hybrid(model);
-    out.n_seqs = std::max(1, path_sequences(tree, out.n_shared, seqs, by_chain ? &out.chain_in : nullptr));
+    // The sequences without a path hold the leading chain from the start where copying the
+    // kept nodes into each afterwards would cost more: a copy scans every cell of the cache
+    // (about 1 ns a cell here), a cell in one more sequence costs llama.cpp's bookkeeping
+    // about 0.2 µs kept or not, and about half the batches keep something (docs/benchmarks.md,
+    // session 24: at 4,096 cells level for a chain of 8).
+    const int32_t chain = leading_chain(tree);
+    out.idle_hold_chain = by_chain && int64_t(llama_n_ctx(ctx)) >= 400 * int64_t(chain);
+    out.n_seqs = std::max(1, path_sequences(tree, out.n_shared, seqs, by_chain ? &out.chain_in : nullptr,
+                                            out.idle_hold_chain ? chain : 0));
     if (!by_chain) out.chain_in.clear();
     if (out.n_seqs > out.n_shared) {
         throw std::invalid_argument("launch: the tree has more leaves than the context has sequences");
@@ -361,17 +376,21 @@ step_result finish(llama_context * ctx, const launched & b, const int32_t * q_of
     const llama_pos first = b.n_past + b.n_pending;  // the tree's first position
     if (!b.chain_in.empty()) {
         // Past the cached nodes nothing stays, in any sequence: one call. The cached nodes
-        // are the leading chain's first c, which the sequences without a path hold already
-        // (launch); a leaf's sequence that left the chain before c loses its own nodes there
-        // and gains the chain's.
+        // are the leading chain's first c; a leaf's sequence that left the chain before c
+        // loses its own nodes there and gains the chain's, and the sequences without a path
+        // gain them unless they hold the chain already (launch).
         seq_rm(mem, -1, first + c, -1);
-        if (c && b.pad_seq >= 0) seq_rm(mem, b.pad_seq, first, first + c);
-        const int32_t src = c ? b.seq_of[path[c - 1]] : 0;
-        for (int32_t s = 0; c && s < int32_t(b.chain_in.size()); ++s) {
+        if (!c) return res;
+        if (b.pad_seq >= 0) seq_rm(mem, b.pad_seq, first, first + c);
+        const int32_t src = b.seq_of[path[c - 1]], n_leaves = int32_t(b.chain_in.size());
+        for (int32_t s = 0; s < n_leaves; ++s) {
             const int32_t held = b.chain_in[s];
             if (held >= c) continue;
             seq_rm(mem, s, first + held, first + c);
             llama_memory_seq_cp(mem, src, s, first + held, first + c);
+        }
+        for (int32_t s = n_leaves; !b.idle_hold_chain && s < b.n_shared; ++s) {
+            llama_memory_seq_cp(mem, src, s, first, first + c);
         }
         return res;
     }

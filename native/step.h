@@ -21,9 +21,10 @@ struct launched {
     std::vector<int32_t> tokens, parents;  // the tree's
     std::vector<int32_t> seq_of;           // per node, one sequence holding it
     // Per leaf sequence, how many of the tree's leading chain (nodes 0, 1, ... each the last's
-    // child: the only nodes the cache can keep) its path holds; the sequences without a
-    // path hold the whole chain (finish). Empty where finish edits sequence by sequence.
+    // child: the only nodes the cache can keep) its path holds (finish). Empty where finish
+    // edits sequence by sequence (a recurrent state).
     std::vector<int32_t> chain_in;
+    bool idle_hold_chain = false;          // the sequences without a path hold that chain too
     int32_t n_shared = 1;                  // sequences 0.. that hold the context (every tree's)
     int32_t pad_seq = -1;                  // the sequence of the padding rows (-1: none)
     double decode_s = 0.0;                 // in llama_decode
