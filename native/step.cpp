@@ -32,11 +32,12 @@ int32_t leading_chain(const draft_tree & tree) {
 
 // The tree-attention mask as sequence sets: one sequence per leaf (numbered in node order),
 // and every node in the sequences of the leaves below it. Where `chain_in` is given,
-// chain_in[s] is how many of the leading chain leaf s's path holds, and its first
-// `idle_chain` nodes are in the sequences without a path too (n_leaves .. n_shared - 1, after
-// the leaves': a row's mask is its first sequence's, so no row sees them).
+// chain_in[s] is how many of the leading chain (its first `chain` nodes) leaf s's path
+// holds, and with `idle_hold_chain` that chain is in the sequences without a path too
+// (n_leaves .. n_shared - 1, after the leaves': a row's mask is its first sequence's, so no
+// row sees them).
 int32_t path_sequences(const draft_tree & tree, int32_t n_shared, std::vector<std::vector<int32_t>> & seqs,
-                       std::vector<int32_t> * chain_in, int32_t idle_chain) {
+                       std::vector<int32_t> * chain_in, int32_t chain, bool idle_hold_chain) {
     const int32_t n = tree.n_nodes;
     std::vector<bool> has_child(n, false);
     for (int32_t i = 0; i < n; ++i) {
@@ -52,13 +53,12 @@ int32_t path_sequences(const draft_tree & tree, int32_t n_shared, std::vector<st
         if (p >= 0) seqs[p].insert(seqs[p].end(), seqs[i].begin(), seqs[i].end());
     }
     if (chain_in) {
-        const int32_t chain = leading_chain(tree);
         std::vector<int32_t> held(n);  // per node, the leading chain's nodes on its path
         chain_in->assign(n_leaves, 0);
         for (int32_t i = 0; i < n; ++i) {
             held[i] = i < chain ? i + 1 : tree.parents[i] < 0 ? 0 : held[tree.parents[i]];
             if (!has_child[i]) (*chain_in)[seqs[i][0]] = held[i];
-            if (i < idle_chain) {
+            if (idle_hold_chain && i < chain) {
                 for (int32_t s = n_leaves; s < n_shared; ++s) seqs[i].push_back(s);
             }
         }
@@ -184,9 +184,8 @@ int32_t launch(llama_context * ctx, int32_t n_past, const int32_t * pending, int
     // session 24: at 4,096 cells level for a chain of 8).
     const int32_t chain = leading_chain(tree);
     out.idle_hold_chain = by_chain && int64_t(llama_n_ctx(ctx)) >= 400 * int64_t(chain);
-    out.n_seqs = std::max(1, path_sequences(tree, out.n_shared, seqs, by_chain ? &out.chain_in : nullptr,
-                                            out.idle_hold_chain ? chain : 0));
-    if (!by_chain) out.chain_in.clear();
+    out.n_seqs = std::max(1, path_sequences(tree, out.n_shared, seqs, by_chain ? &out.chain_in : nullptr, chain,
+                                            out.idle_hold_chain));
     if (out.n_seqs > out.n_shared) {
         throw std::invalid_argument("launch: the tree has more leaves than the context has sequences");
     }
