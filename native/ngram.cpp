@@ -5,9 +5,9 @@
 
 namespace ls {
 
-uint64_t ngram_index::key(int32_t end, int32_t n) const {
+uint64_t ngram_index::key(int32_t end) const {
     uint64_t h = 1469598103934665603ull;  // FNV-1a over the token ids
-    for (int32_t i = end - n; i < end; ++i) {
+    for (int32_t i = end - n_min_; i < end; ++i) {
         h = (h ^ uint32_t(toks_[i])) * 1099511628211ull;
     }
     return h;
@@ -17,8 +17,8 @@ void ngram_index::extend(const int32_t * tokens, int32_t n) {
     for (int32_t i = 0; i < n; ++i) {
         toks_.push_back(tokens[i]);
         const int32_t end = int32_t(toks_.size());
-        for (int32_t k = n_min_; k <= n_max_ && k <= end; ++k) {
-            index_[k][key(end, k)].push_back(end);
+        if (end >= n_min_) {
+            index_[key(end)].push_back(end);
         }
     }
 }
@@ -28,19 +28,26 @@ ngram_draft ngram_index::draft(int32_t max_nodes, int32_t max_depth,
     ngram_draft out;
     const int32_t len = int32_t(toks_.size());
     std::vector<int32_t> starts;  // where continuations begin, most recent first
-    for (int32_t k = std::min(n_max_, len); k >= n_min_ && starts.empty(); --k) {
-        auto it = index_[k].find(key(len, k));
-        if (it == index_[k].end()) continue;
-        for (auto p = it->second.rbegin(); p != it->second.rend(); ++p) {
+    auto it = len >= n_min_ ? index_.find(key(len)) : index_.end();
+    if (it != index_.end()) {
+        // How far each earlier occurrence of the last n_min tokens matches back (at most
+        // n_max): the longest match's most recent occurrences are the starts.
+        int32_t best = 0, scanned = 0;
+        for (auto p = it->second.rbegin(); p != it->second.rend() && scanned < max_scanned; ++p, ++scanned) {
             const int32_t pos = *p;
             if (pos >= len) continue;  // the suffix itself: nothing follows it yet
-            if (!std::equal(toks_.begin() + pos - k, toks_.begin() + pos, toks_.end() - k)) {
-                continue;  // hash collision
+            const int32_t reach = std::min(n_max_, pos);
+            int32_t m = 0;
+            while (m < reach && toks_[pos - 1 - m] == toks_[len - 1 - m]) ++m;
+            if (m < n_min_ || m < best) continue;  // a hash collision, or a shorter match
+            if (m > best) {
+                best = m;
+                starts.clear();
             }
-            starts.push_back(pos);
-            if (int32_t(starts.size()) == max_occurrences) break;
+            if (int32_t(starts.size()) < max_occurrences) starts.push_back(pos);
+            if (best == n_max_ && int32_t(starts.size()) == max_occurrences) break;  // none longer
         }
-        if (!starts.empty()) out.n_match = k;
+        out.n_match = best;
     }
     out.n_occurrences = int32_t(starts.size());
     if (starts.empty()) return out;

@@ -8,7 +8,10 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from localspec import _native
 from localspec.drafters.base import Budget
 from localspec.drafters.lookup import LookupDrafter
 from localspec.llama.curve import CostCurve
@@ -129,3 +132,53 @@ def test_a_flattened_tree_is_priced_by_its_forwards():
     assert len(shared) == 5 and len(flat) == 3  # the chain 0-1-2
     assert Budget(curve, 8, flat=True).speedup(tree) < Budget(curve, 8).speedup(tree)
     assert Budget(curve, 8, flat=True).size(chain).tokens.tolist() == Budget(curve, 8).size(chain).tokens.tolist()
+
+
+def brute_force_draft(text: list[int], n_min: int, n_max: int, max_nodes: int, max_depth: int,
+                      max_occurrences: int):
+    """NgramIndex.draft as documented (native/ngram.h), by brute force: the most recent
+    occurrences of the text's longest suffix (n_max .. n_min tokens) seen before, and a trie of
+    what followed them, its nodes best-first by count, then the shallower, then the older."""
+    n = len(text)
+    for k in range(min(n_max, n), n_min - 1, -1):
+        starts = [p for p in range(n - 1, k - 1, -1) if text[p - k:p] == text[n - k:]][:max_occurrences]
+        if starts:
+            break
+    else:
+        return [], [], [], 0, 0
+    trie: list[list[int]] = []  # [token, parent, count, depth]
+    child_of: dict[tuple[int, int], int] = {}
+    for s in starts:
+        parent = -1
+        for d in range(min(max_depth, n - s)):
+            j = child_of.setdefault((parent, text[s + d]), len(trie))
+            if j == len(trie):
+                trie.append([text[s + d], parent, 0, d + 1])
+            trie[j][2] += 1
+            parent = j
+    frontier = [j for j, node in enumerate(trie) if node[1] < 0]
+    out, index = [], {}
+    while frontier and len(out) < max_nodes:
+        j = min(frontier, key=lambda j: (-trie[j][2], trie[j][3], j))
+        frontier.remove(j)
+        index[j] = len(out)
+        out.append(j)
+        frontier += [c for c, node in enumerate(trie) if node[1] == j]
+    return ([trie[j][0] for j in out], [index[trie[j][1]] if trie[j][1] >= 0 else -1 for j in out],
+            [trie[j][2] for j in out], k, len(starts))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=0, max_size=120), st.integers(1, 3), st.integers(3, 40),
+       st.integers(1, 40), st.integers(1, 70), st.integers(1, 40), st.integers(0, 119))
+def test_the_ngram_index_drafts_what_brute_force_finds(text, n_min, n_max, max_nodes, max_depth,
+                                                       max_occurrences, cut):
+    """Small alphabets, so matches are long, many and overlapping; indexed in two pieces, as
+    a request's context grows."""
+    index = _native.NgramIndex(n_min, n_max)
+    cut = min(cut, len(text))
+    index.extend(np.asarray(text[:cut], np.int32))
+    index.extend(np.asarray(text[cut:], np.int32))
+    tokens, parents, counts, n_match, n_occurrences = index.draft(max_nodes, max_depth, max_occurrences)
+    got = (tokens.tolist(), parents.tolist(), counts.tolist(), n_match, n_occurrences)
+    assert got == brute_force_draft(text, n_min, n_max, max_nodes, max_depth, max_occurrences)
