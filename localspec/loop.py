@@ -199,7 +199,7 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
         """The next iteration's flight, or None where the request ended with `last`."""
         if ends(ctx, options, last, n_out, max_tokens):
             return None
-        room = min(max_tokens - n_out - 1, ctx.n_ctx - len(ctx.tokens) - len(pending) - 1,
+        room = min(max_tokens - n_out - 1, ctx.n_ctx - len(context) - 1,
                    (options.max_batch or ctx.n_ctx) - len(pending))
         return launch_flight(ctx, controller, context, pending, room, options.draft_clock, bool(followers))
 
