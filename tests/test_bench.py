@@ -11,10 +11,11 @@ import pytest
 from conftest import RECORDED_CURVE
 
 from localspec.bench import workloads
-from localspec.bench.anchors import write_ngram_cache
+from localspec.bench.anchors import LLAMA_TOOLS, SERVER_CONFIGS, ServerAnchor, write_ngram_cache
 from localspec.bench.report import speedup_interval
 from localspec.bench.runner import Config, Learnt, Run, run_bench, run_ours, warm_documents
 from localspec.drafters.spec import DrafterSpec
+from localspec.errors import LocalspecError
 from localspec.engine import Engine, EngineConfig
 from localspec.sampling import SamplingConfig
 
@@ -117,6 +118,24 @@ def test_ngram_cache_file_is_what_llama_cpp_reads(tmp_path):
 
 
 @pytest.mark.unit
+@pytest.mark.skipif(not (LLAMA_TOOLS / "llama-server").exists(), reason="scripts/build-llama-tools.sh not run")
+def test_llama_servers_draft_configurations_speculate(qwen_path):
+    """Its draft-model configurations speculate (a -md alone loads the draft model and never
+    uses it: they ran plain decoding so until 2026-12-01), and one that would not is refused
+    at start rather than measured as speculation."""
+    for name in ("llama-server draft n-max 3", "llama-server draft n-max 8"):
+        anchor = ServerAnchor(name, qwen_path, qwen_path, 1024, 2, SERVER_CONFIGS[name])
+        try:
+            run, _ = anchor.run(workloads.Prompt("p", "code", "x"), list(range(100, 140)) * 2, 16,
+                                SamplingConfig())
+        finally:
+            anchor.close()
+        assert not run.failed and run.drafted > 0
+    with pytest.raises(LocalspecError, match="without speculative decoding"):
+        ServerAnchor("draft model alone", qwen_path, qwen_path, 1024, 2,
+                     ["--spec-type", "none", "--spec-draft-n-max", "3"])
+
+
 def test_speedup_interval_covers_the_ratio_and_narrows_with_agreement():
     plain = Config("plain", "none", runs=[Run(n_timed=100, seconds=10.0) for _ in range(8)])
     steady = Config("x", "x", runs=[Run(n_timed=100, seconds=5.0) for _ in range(8)])

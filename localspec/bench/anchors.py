@@ -59,10 +59,12 @@ class PromptLookupAnchor:
         self.llm.close()
 
 
+# This llama.cpp speculates only with a --spec-type: a draft model (-md) alone is loaded and
+# never used (before 2026-12-01 the draft configurations here ran plain decoding so).
 SERVER_CONFIGS = {
     "llama-server plain": [],
-    "llama-server draft n-max 3": ["--spec-draft-n-max", "3"],
-    "llama-server draft n-max 8": ["--spec-draft-n-max", "8"],
+    "llama-server draft n-max 3": ["--spec-type", "draft-simple", "--spec-draft-n-max", "3"],
+    "llama-server draft n-max 8": ["--spec-type", "draft-simple", "--spec-draft-n-max", "8"],
     "llama-server ngram-simple": ["--spec-type", "ngram-simple"],
     "llama-server ngram-mod": ["--spec-type", "ngram-mod"],
     "llama-server ngram-cache": ["--spec-type", "ngram-cache"],
@@ -124,6 +126,10 @@ class ServerAnchor:
             cmd += ["-md", str(draft_path)]
         self.proc = subprocess.Popen(cmd + extra, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._wait_ready()
+        if "--spec-type" in extra and not self._speculating():
+            self.close()
+            raise LocalspecError(f"{name}: llama-server started without speculative decoding "
+                                 f"({' '.join(extra)})")
 
     def _wait_ready(self, timeout: float = 300) -> None:
         deadline = time.time() + timeout
@@ -138,6 +144,11 @@ class ServerAnchor:
                 pass
             time.sleep(0.5)
         raise LocalspecError(f"{self.name}: llama-server not ready after {timeout:.0f}s")
+
+    def _speculating(self) -> bool:
+        """Does its slot speculate (llama-server's /slots says so per slot)?"""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/slots", timeout=10) as r:
+            return all(slot.get("speculative") for slot in json.loads(r.read()))
 
     def run(self, p: Prompt, tokens: list[int], max_tokens: int, sampling: SamplingConfig,
             ignore_eos: bool = False):
