@@ -117,7 +117,6 @@ def test_ngram_cache_file_is_what_llama_cpp_reads(tmp_path):
     assert len(entries) == len(expected)
 
 
-@pytest.mark.unit
 @pytest.mark.skipif(not (LLAMA_TOOLS / "llama-server").exists(), reason="scripts/build-llama-tools.sh not run")
 def test_llama_servers_draft_configurations_speculate(qwen_path):
     """Its draft-model configurations speculate (a -md alone loads the draft model and never
@@ -136,6 +135,7 @@ def test_llama_servers_draft_configurations_speculate(qwen_path):
                      ["--spec-type", "none", "--spec-draft-n-max", "3"])
 
 
+@pytest.mark.unit
 def test_speedup_interval_covers_the_ratio_and_narrows_with_agreement():
     plain = Config("plain", "none", runs=[Run(n_timed=100, seconds=10.0) for _ in range(8)])
     steady = Config("x", "x", runs=[Run(n_timed=100, seconds=5.0) for _ in range(8)])
