@@ -125,7 +125,7 @@ def test_llama_servers_draft_configurations_speculate(qwen_path):
     for name in ("llama-server draft n-max 3", "llama-server draft n-max 8"):
         anchor = ServerAnchor(name, qwen_path, qwen_path, 1024, 2, SERVER_CONFIGS[name])
         try:
-            run, _ = anchor.run(workloads.Prompt("p", "code", "x"), list(range(100, 140)) * 2, 16,
+            run, _ = anchor.run(workloads.Prompt("p", "completion", "x"), list(range(100, 140)) * 2, 16,
                                 SamplingConfig())
         finally:
             anchor.close()
