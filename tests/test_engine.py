@@ -300,6 +300,41 @@ def test_a_cached_curve_the_loop_strays_from_is_measured_again(small_path, tmp_p
     assert strayed({"forwards": 32, "ratio": 1.3}) and strayed({"forwards": 40, "ratio": 0.7})
 
 
+def test_an_engine_starts_from_what_the_last_ones_loop_learnt(small_path, tmp_path, monkeypatch):
+    """The live curve's corrections are kept beside the cached curve when the engine closes,
+    and the next engine on that model starts from them (a `localspec generate` is a run of
+    its own every time: it would start uncorrected)."""
+    import json
+    import math
+
+    from conftest import RECORDED_CURVE
+
+    from localspec.drafters.spec import DrafterSpec
+    from localspec.engine import Engine, EngineConfig, Request
+    from localspec.llama.curve_cache import cache_path, read_loop
+    from localspec.llama.live import CARRIED
+
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    recorded = json.loads(RECORDED_CURVE.read_text())
+    learned = {"same": {"1": [40, math.log(1.2)], "3": [5, math.log(0.9)]}, "after_another": {}}
+    cfg = EngineConfig(model=str(small_path), n_ctx=1024, threads=2, drafter=DrafterSpec("lookup"))
+    engine = Engine(cfg)
+    try:
+        path = cache_path(engine.ctx)
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(recorded | {"loop": {"forwards": 45, "ratio": 1.1, "learned": learned}}))
+        live = engine.planning.prepare()
+        assert live.count[0, 0] == CARRIED and live.count[0, 2] == 5
+        assert live.at(100).cost(1) == pytest.approx(live.base.at(100).cost(1) * 1.2 ** (CARRIED / (CARRIED + 4)))
+        list(engine.generate(Request(prompt="Count from 1 to 40: 1, 2, 3,", sampling=SamplingConfig(temperature=0.0),
+                                     max_tokens=32)))
+        seen = int(live.count[0].sum())
+    finally:
+        engine.close()
+    kept = read_loop(path)["learned"]["same"]
+    assert sum(count for count, _ in kept.values()) == seen > CARRIED + 5  # this run's forwards added
+
+
 def test_a_coarse_curve_from_a_busy_moment_stays_positive_and_a_broken_cached_one_is_replaced(
         small_model, tmp_path, monkeypatch):
     """A busy moment made the widest size time below the one before; extended along that
@@ -402,6 +437,37 @@ def test_a_live_curve_learns_what_forwards_cost():
     fresh = LiveCurve(measured)
     fresh.observe(2, 256, 0.56)
     assert fresh.at(256).cost(2) < 1.07 * measured.cost(2)
+
+
+@pytest.mark.unit
+def test_a_live_curve_resumes_what_an_earlier_run_learnt():
+    """What the loop's forwards taught a live curve is kept when the engine closes (as JSON)
+    and the next start's live curve begins from it, counted as a few forwards: its first wide
+    batch is priced as the loop pays it, and its own forwards soon outweigh the record. A
+    record that is not one (a cache file edited by hand) leaves the curve uncorrected."""
+    import json
+
+    from localspec.llama.live import CARRIED, LiveCurve
+
+    measured = CostCurve([0.040, 0.056, 0.072, 0.088], 256)
+    live = LiveCurve(measured)
+    for _ in range(60):
+        live.observe(1, 256, 0.040)
+        live.observe(4, 256, 0.088 * 1.15)  # a wide batch 15% dearer in the loop
+    learned = json.loads(json.dumps(live.learned()))
+    resumed = LiveCurve(measured)
+    resumed.resume(learned)
+    assert resumed.count[0, 3] == CARRIED and resumed.count[0, 1] == 0
+    assert resumed.at(256).cost(4) == pytest.approx(0.088 * 1.15 ** (CARRIED / (CARRIED + 4)), rel=1e-6)
+    assert resumed.at(256).cost(1) == pytest.approx(0.040) and LiveCurve(measured).at(256).cost(4) == 0.088
+    for _ in range(48):
+        resumed.observe(4, 256, 0.088)  # this run's machine: as measured
+    assert resumed.at(256).cost(4) < 0.088 * 1.15 ** (CARRIED / (CARRIED + 48))  # a mean over both
+    for broken in ({"same": {"4": ["x", 0.1]}}, {"same": [1, 2]}, {"sideways": {"4": [3, 0.1]}}, None, "text",
+                   {"same": {"4": [3, float("nan")]}}, {"same": {"99": [3, 0.1]}}, {"same": {"4": [-2, 0.1]}}):
+        fresh = LiveCurve(measured)
+        fresh.resume(broken)
+        assert fresh.at(256).seconds == measured.seconds, broken
 
 
 @pytest.mark.unit

@@ -53,7 +53,8 @@ def keep(ctx: Context, curve: CostCurve, again: bool = False) -> None:
 
 def read_loop(path: Path) -> dict | None:
     """What the loop last recorded of its forwards against the curve cached in `path`:
-    {"forwards", "ratio" (observed / predicted, all sizes), "by_batch", "at", "measured_again":
+    {"forwards", "ratio" (observed / predicted, all sizes), "by_batch", "at", "learned" (the
+    live curve's corrections, LiveCurve.learned: the next start resumes them), "measured_again":
     whether this curve was measured because an earlier one strayed}."""
     try:
         data = json.loads(Path(path).read_text())
@@ -73,7 +74,8 @@ def strayed(loop: dict | None) -> bool:
 def record_loop(path: Path, live: LiveCurve) -> None:
     """Keep what `live`'s forwards took against its base curve beside that curve in its cache
     file (cost_curve measures again from the next start when they strayed; `localspec cost`
-    shows it). Nothing when the file holds another curve now."""
+    shows it), and what it learnt (the next start's live curve resumes it). Nothing when the
+    file holds another curve now."""
     forwards, ratio, by_batch = live.stray()
     if not forwards:
         return
@@ -84,7 +86,7 @@ def record_loop(path: Path, live: LiveCurve) -> None:
     if not isinstance(data, dict) or data.get("seconds") != live.base.seconds:
         return
     data["loop"] = {"forwards": forwards, "ratio": ratio, "by_batch": by_batch,
-                    "at": time.strftime("%Y-%m-%d %H:%M:%S")}
+                    "at": time.strftime("%Y-%m-%d %H:%M:%S"), "learned": live.learned()}
     write_json(path, data)
 
 

@@ -2,7 +2,8 @@
 curve measured in seconds, then the whole curve measured between requests (a forward per turn
 of the engine's request lock, once it has idled REFINE_IDLE seconds) in a context of its own,
 cached and planned on in place of the coarse one; corrected all along by the loop's forwards
-(LiveCurve), and how far they strayed kept beside it when the engine closes."""
+(LiveCurve), and how far they strayed and what was learnt kept beside it when the engine
+closes (the next start resumes it)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Callable, Iterator
 from localspec.errors import LocalspecError
 from localspec.llama.context import Context
 from localspec.llama.curve import MAX_BATCH, CostModel
-from localspec.llama.curve_cache import cache_path, keep, record_loop
+from localspec.llama.curve_cache import cache_path, keep, read_loop, record_loop
 from localspec.llama.exactness import exactness, planning_curve
 from localspec.llama.live import LiveCurve
 from localspec.llama.measure import LONG_CONTEXT, cost_curve, measure
@@ -54,6 +55,7 @@ class Planning:
                 self._curve = replace(curve, seconds=[curve.seconds[0]] * len(curve.seconds), per_context=())
             else:
                 self._curve = live = LiveCurve(curve)
+                live.resume((read_loop(cache_path(self.ctx)) or {}).get("learned", {}))
                 if curve.coarse and self.refine:
                     self._refiner = threading.Thread(target=self._refine, args=(live,), name="localspec-curve",
                                                      daemon=True)
