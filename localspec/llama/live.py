@@ -16,7 +16,8 @@ TOLERANCE = 0.03   # ... and recomputes it when a correction moved by more (3%: 
                    # about 0.3 ms of a CPU iteration, and a price 3% off barely moves a size)
 CARRIED = 16       # forwards a correction an earlier run learnt counts as at most (resume): it
                    # prices a new run's first wide batches, and the run's own forwards soon
-                   # outweigh it where the machine changed
+                   # outweigh it where the machine changed; below that, half the forwards it
+                   # rests on, so a size the drafts stopped visiting fades from start to start
 
 SAME, AFTER_ANOTHER = 0, 1  # a forward in the last one's batch shape, or after one of another
 KINDS = {"same": SAME, "after_another": AFTER_ANOTHER}
@@ -126,8 +127,10 @@ class LiveCurve:
 
     def resume(self, learned) -> None:
         """Start from the corrections an earlier run learnt on this base curve (learned(), read
-        back from JSON), each counted as at most CARRIED forwards. What is not such a record
-        (a cache file edited or cut short) is passed over: the curve starts uncorrected."""
+        back from JSON), each counted as half the forwards it rests on, at most CARRIED: a size
+        priced dear is drafted less and so seen less, and its correction must not outlive the
+        forwards that would show it wrong. What is not such a record (a cache file edited or
+        cut short) is passed over: the curve starts uncorrected."""
         try:
             entries = [(KINDS[name], int(n) - 1, float(count), float(lr))
                        for name, sizes in learned.items() for n, (count, lr) in sizes.items()]
@@ -135,7 +138,7 @@ class LiveCurve:
             return
         for kind, i, count, lr in entries:
             if 0 <= i < self.count.shape[1] and count > 0 and abs(lr) <= 3.0:  # finite, within 20x
-                self.count[kind, i], self.log_ratio[kind, i] = min(count, CARRIED), lr
+                self.count[kind, i], self.log_ratio[kind, i] = min(count / 2, CARRIED), lr
         self._factors = None
         self._at.clear()
 
