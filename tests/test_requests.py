@@ -151,10 +151,11 @@ def test_stop_strings_split_across_tokens_never_appear(smol):
 def test_every_verification_forward_reaches_the_live_cost_curve(small_path):
     engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=2, drafter=DrafterSpec("lookup")))
     try:
-        assert not engine.planning.prepare().count.any()
+        # Counted apart from the corrections, which may start from an earlier engine's (resume).
+        assert engine.planning.prepare().stray()[0] == 0
         *_, done = engine.generate(Request(prompt="def fibonacci(n):\n", sampling=GREEDY, max_tokens=48))
         # One per iteration: the prompt's forwards are not verifications.
-        assert engine.curve.count.sum() == done.stats.forwards > 0
+        assert engine.curve.stray()[0] == done.stats.forwards > 0
         assert engine.curve.factors()[0, 0] != 1.0  # in the last shape (a CPU pads nothing), one token
     finally:
         engine.close()
