@@ -18,6 +18,7 @@ CARRIED = 16       # forwards a correction an earlier run learnt counts as at mo
                    # prices a new run's first wide batches, and the run's own forwards soon
                    # outweigh it where the machine changed; below that, half the forwards it
                    # rests on, so a size the drafts stopped visiting fades from start to start
+FAR = 3.0          # a log ratio beyond it (20x) is a hiccup, or a record that is not one
 
 SAME, AFTER_ANOTHER = 0, 1  # a forward in the last one's batch shape, or after one of another
 KINDS = {"same": SAME, "after_another": AFTER_ANOTHER}
@@ -110,7 +111,7 @@ class LiveCurve:
         # price its size out of the drafts that would measure it again.
         lr, r = float(self.log_ratio[kind, i]), math.log(seconds / float(self._base_at(n_context)[i]))
         self._stray[0, i] += 1
-        self._stray[1, i] += min(max(r, -3.0), 3.0)  # a hiccup of 20x counts as 20x
+        self._stray[1, i] += min(max(r, -FAR), FAR)  # a hiccup of 20x counts as 20x
         r = min(max(r, lr - self.step), lr + self.step)
         count = min(float(self.count[kind, i]) + 1, self.memory)
         lr += (r - lr) / count
@@ -137,7 +138,7 @@ class LiveCurve:
         except (AttributeError, KeyError, TypeError, ValueError):
             return
         for kind, i, count, lr in entries:
-            if 0 <= i < self.count.shape[1] and count > 0 and abs(lr) <= 3.0:  # finite, within 20x
+            if 0 <= i < self.count.shape[1] and count > 0 and abs(lr) <= FAR:  # finite, within 20x
                 self.count[kind, i], self.log_ratio[kind, i] = min(count / 2, CARRIED), lr
         self._factors = None
         self._at.clear()
