@@ -20,7 +20,7 @@ from localspec import store
 from localspec.control.controllers import controller_for
 from localspec.drafters.base import DraftClock
 from localspec.drafters.loaded import Drafters, loads_mtp, needs_features
-from localspec.drafters.spec import AUTO, DrafterSpec
+from localspec.drafters.spec import AUTO, NONE, DrafterSpec
 from localspec.drafters.suffix import StoreSetting
 from localspec.errors import LocalspecError
 from localspec.llama import Model
@@ -55,7 +55,7 @@ class EngineConfig:
     # Greedy output bit-identical to plain decoding, not only up to ties: plain weight layouts
     # and a bf16 KV cache, under which llama.cpp's CPU batches of up to 6 tokens reproduce
     # single-token decoding exactly (the cost curve measures how far), and every batch (prompt
-    # chunks too) kept within that size. Where no batch is exact, near-ties are settled instead.
+    # chunks too) kept within that size. Where no batch is exact, no speculation (Engine).
     strict: bool = False
     # Plan as if every verification batch cost one single-token forward (a GPU's shape): the
     # drafters' tau, not this machine's trade-off, decides how much they draft.
@@ -290,8 +290,18 @@ class Engine:
         self.planning = Planning(self.ctx, self.progress, self._requests.lock, self._requests.idle, cfg.curve,
                                  cfg.flat_cost, cfg.whole_curve, cfg.refine_curve, cfg.strict)
         self._cascades: dict[DrafterSpec, Controller] = {}  # auto's keep what they learnt
-        if cfg.strict and (exact_batch := self.exactness()[1]) >= 2:
-            for ctx in self.slots.contexts:  # prompts too in batches that reproduce single tokens
+        # --strict keeps every batch, prompt chunks too, within the size that reproduces single
+        # tokens here; where none does (batches of 2 already differ), within one token, and
+        # nothing is verified in batches: whatever a batch writes into the cache would differ
+        # from plain decoding's for the rest of the answer.
+        self.speculates = True
+        if cfg.strict:
+            exact_batch = self.exactness()[1]
+            self.speculates = exact_batch >= 2
+            if not self.speculates:
+                notice("--strict: batches of 2 tokens already differ from single ones on this target; "
+                       "it decodes one token at a time, prompts too, without speculation")
+            for ctx in self.slots.contexts:
                 ctx.chunk, ctx.all_exact = exact_batch, True
 
     @property
@@ -314,6 +324,8 @@ class Engine:
         """Load, build and measure what requests with `spec` (the engine's drafter by default)
         need, now rather than inside the first of them."""
         spec = spec or self.cfg.drafter
+        if not self.speculates:
+            return
         with self._requests.turn():
             self.controller(spec)
             if spec.kind != "none":
@@ -325,7 +337,7 @@ class Engine:
     def ready(self, spec: DrafterSpec) -> bool:
         """Whether a request with `spec` runs on what is loaded and measured (prepare(spec)
         does the rest): a server refuses one that is not, rather than load inside it."""
-        return spec.kind == "none" or self.planning.measured and (spec in self._cascades or self.drafters.loaded(spec))
+        return spec.kind == "none" or not self.speculates or self.planning.measured and (spec in self._cascades or self.drafters.loaded(spec))
 
     def controller(self, spec: DrafterSpec) -> Controller:
         """What runs a request with this spec."""
@@ -365,9 +377,13 @@ class Engine:
         if not tokens or request.max_tokens < 1:
             raise LocalspecError("empty prompt" if not tokens else "max_tokens must be at least 1")
         spec = request.drafter or self.cfg.drafter
+        if spec.kind != "none":
+            self.planning.check_strict(request.sampling.temperature)
+        if not self.speculates:
+            spec = NONE
         controller = self.controller(spec)
         plain = spec.kind == "none"  # needs no curve
-        tie_bound, max_batch = (0.0, None) if plain else self.planning.strict_limits(request.sampling.temperature)
+        max_batch = None if plain else self.planning.strict_batch()
         if self.ctx.rollback:  # a chain rejects at most all but its root: what the state rolls back
             max_batch = min(max_batch or self.ctx.n_ctx, self.ctx.rollback + 1)
         stats, text, generated, reason = Stats(), TextStream(self.model, request.stop), [], None
@@ -382,7 +398,7 @@ class Engine:
         if ctx.shapes and isinstance(curve, LiveCurve):
             curve.pad_with(tuple(ctx.shapes))
         ctx.pad_rule = curve.pad_to if curve is not None and max_batch is None else None
-        options = RunOptions(stop_at_eog=not request.ignore_eog, tie_bound=tie_bound, max_batch=max_batch,
+        options = RunOptions(stop_at_eog=not request.ignore_eog, max_batch=max_batch,
                              progress=self._reading, on_forward=None if plain else curve.observe,
                              draft_clock=self.drafters.clock, heard=self.heard)
         steps = run(ctx, controller, tokens, request.sampling, request.max_tokens, stats, options)

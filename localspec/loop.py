@@ -53,8 +53,7 @@ class Stats:
     predicted_ms: float = 0.0  # generating them after the first
     draft_n: int = 0           # draft tokens verified
     draft_n_accepted: int = 0  # of those, accepted
-    forwards: int = 0          # target forwards while generating (one per iteration, and
-    settled: int = 0           # --strict: one more per near-tie settled by a single token)
+    forwards: int = 0          # target forwards while generating (one per iteration)
     ran: collections.Counter = field(default_factory=collections.Counter)  # iterations per arm
     # draft tokens accepted per iteration that verified a draft -> iterations
     accepted_lengths: collections.Counter = field(default_factory=collections.Counter)
@@ -74,12 +73,11 @@ class Stats:
     def acceptance(self) -> float:
         return self.draft_n_accepted / self.draft_n if self.draft_n else 0.0
 
-    def add(self, it: Iteration, forwards: int, settled: bool) -> None:
+    def add(self, it: Iteration) -> None:
         """One iteration after the first token."""
         self.predicted_n += len(it.tokens)
         self.predicted_ms += it.seconds * 1e3
-        self.forwards += forwards
-        self.settled += settled
+        self.forwards += 1
         self.draft_n += it.n_drafted
         self.draft_n_accepted += it.n_verified_accepted
         self.ran[it.arm] += 1
@@ -93,7 +91,6 @@ class Stats:
         if self.draft_n:
             line += (f"\nτ {self.tau:.2f} tokens/forward · acceptance {self.acceptance:.1%} · drafted "
                      f"{self.draft_n} · accepted {self.draft_n_accepted}"
-                     + (f" · settled {self.settled}" if self.settled else "")
                      + " · ran " + ", ".join(f"{arm} ×{n}" for arm, n in self.ran.most_common()))
         return line
 
@@ -136,9 +133,6 @@ class RunOptions:
     """How run() decodes, beyond what to decode."""
     # Stop after an end-of-generation token (which is emitted).
     stop_at_eog: bool = True
-    # > 0 (strict, greedy): a position whose top-two gap in the batched logits is below it is
-    # decided by a single-token forward, as plain decoding would.
-    tie_bound: float = 0.0
     # Caps every target forward (strict: the largest batch that reproduces single tokens).
     max_batch: int | None = None
     # Hears how much of a long prompt is decoded (done, total).
@@ -174,7 +168,7 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
     t0 = time.perf_counter()
     stats = stats if stats is not None else Stats()
     prompt = list(prompt)
-    sampler, followers = begin(ctx, controller, prompt, sampling, options.tie_bound)
+    sampler, followers = begin(ctx, controller, prompt, sampling)
     commit = functools.partial(commit_features, ctx, controller, followers) if followers else None
     window = max((d.feature_window for d in followers), default=1)
     reused, last = ctx.prefill(prompt, window, commit, options.progress)
@@ -208,20 +202,20 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
     try:
         flight = launch_next(first)
         while flight is not None:
-            verdict, forward, settled = land(ctx, flight, sampler, options, commit)
+            verdict = land(ctx, flight, sampler, options, commit)
             emitted = verdict.tokens
-            pending = verdict.requeued + emitted[verdict.n_cached:len(verdict.path)] if not settled else []
+            pending = verdict.requeued + emitted[verdict.n_cached:len(verdict.path)]
             pending.append(emitted[-1])
             # the request may end inside what was emitted
             n_emitted = next((i + 1 for i, t in enumerate(emitted) if ends(ctx, options, t, n_out + i + 1,
                                                                              max_tokens)), len(emitted))
             t_end = time.perf_counter()
-            done = handed_out(flight, verdict, n_emitted, t_end - t_iter, forward)
+            done = handed_out(flight, verdict, n_emitted, t_end - t_iter)
             t_iter = t_end
             heard = options.heard(done) if options.heard else done.seconds + done.draft_ahead
             controller.record(n_emitted, heard, len(flight.tree), len(verdict.path))
             n_out += n_emitted
-            stats.add(done, 1 + settled, settled)
+            stats.add(done)
             context += emitted
             flight = launch_next(done.tokens[-1])
             yield done
@@ -229,15 +223,15 @@ def run(ctx: Context, controller: Controller, prompt: Sequence[int], sampling: S
         ctx.abandon()  # the caller stopped with a forward in flight: the cache holds ctx.tokens
 
 
-def begin(ctx: Context, controller: Controller, prompt: list[int], sampling: SamplingConfig,
-          tie_bound: float) -> tuple[TokenSampler, list[Drafter]]:
+def begin(ctx: Context, controller: Controller, prompt: list[int],
+          sampling: SamplingConfig) -> tuple[TokenSampler, list[Drafter]]:
     """A request starts: its drafters and controller hear it, and the context reads its rows
     on the device where the settings allow. Returns the request's sampler and the drafters
     that read the target's features."""
     for d in controller.drafters:
         d.begin(prompt, sampling)
     controller.begin()
-    ctx.sample_on_device(device_sampling(sampling, tie_bound) if ctx.config.sample_on_device else None)
+    ctx.sample_on_device(device_sampling(sampling) if ctx.config.sample_on_device else None)
     return TokenSampler(sampling, prompt), [d for d in controller.drafters if d.feature_window]
 
 
@@ -267,12 +261,10 @@ def launch_flight(ctx: Context, controller: Controller, context: list[int], pend
 
 
 def land(ctx: Context, flight: Flight, sampler: TokenSampler, options: RunOptions,
-         commit: Callable[[int, list[int]], None] | None) -> tuple[Verdict, float, bool]:
+         commit: Callable[[int, list[int]], None] | None) -> Verdict:
     """Wait for the flight's forward and accept exactly; the drafter and the feature readers
-    hear what was kept. A near-tie --strict leaves unsettled is decided by single-token
-    forwards, as plain decoding would. Returns the verdict (its tokens: everything emitted),
-    the seconds in forwards, and whether a tie was settled."""
-    verdict = accept(ctx, flight.tree, sampler, options.tie_bound)
+    hear what was kept. Returns the verdict (its tokens: everything emitted)."""
+    verdict = accept(ctx, flight.tree, sampler)
     if options.on_forward:  # in the shape it ran in (a GPU pads batches to a few)
         options.on_forward(ctx.shape, flight.n_past, verdict.seconds)
     kept = flight.n_pending - len(verdict.requeued) + verdict.n_cached
@@ -281,23 +273,15 @@ def land(ctx: Context, flight: Flight, sampler: TokenSampler, options: RunOption
     if len(flight.tree):  # a proposal sized to nothing was not verified: nothing to observe
         flight.drafter.observe(flight.tree, verdict)
     sampler.extend(verdict.tokens)
-    forward = verdict.seconds
-    if verdict.unsettled:
-        t_settle = time.perf_counter()
-        verdict.tokens.append(settle(ctx, sampler, verdict.requeued + verdict.tokens[verdict.n_cached:len(verdict.path)]))
-        forward += time.perf_counter() - t_settle
-        if sampler.config.logprobs is not None:
-            verdict.logprobs.append(token_logprob(ctx.logits(0), verdict.tokens[-1], sampler.config.logprobs))
-        sampler.extend(verdict.tokens[-1:])
-    return verdict, forward, verdict.unsettled
+    return verdict
 
 
-def handed_out(flight: Flight, verdict: Verdict, n_emitted: int, seconds: float, forward: float) -> Iteration:
+def handed_out(flight: Flight, verdict: Verdict, n_emitted: int, seconds: float) -> Iteration:
     """What the caller is handed of a landed flight: its first n_emitted tokens (the request
     may end inside what was emitted) and what they took."""
     return Iteration(arm=flight.arm, phase=flight.phase, drafter=flight.drafter.name if flight.drafter else None,
                      tokens=verdict.tokens[:n_emitted], n_accepted=min(len(verdict.path), n_emitted),
-                     n_drafted=len(flight.tree), seconds=seconds, tree=flight.tree, forward_seconds=forward,
+                     n_drafted=len(flight.tree), seconds=seconds, tree=flight.tree, forward_seconds=verdict.seconds,
                      draft_seconds=flight.draft_seconds, draft_ahead=flight.draft_ahead,
                      n_verified_accepted=len(verdict.path), batch=flight.n_pending + len(flight.tree),
                      n_past=flight.n_past, logprobs=tuple(verdict.logprobs[:n_emitted]))
@@ -312,28 +296,16 @@ def ends(ctx: Context, options: RunOptions, token: int, n_out: int, max_tokens: 
 MAX_DEVICE_TOP_K = 256
 
 
-def device_sampling(sampling: SamplingConfig, tie_bound: float) -> int | None:
+def device_sampling(sampling: SamplingConfig) -> int | None:
     """What of each row the request needs from a sampler on the device: greedy without
-    penalties or near-ties to settle its argmax (0); T > 0 with top-k and without penalties
+    penalties its argmax (0); T > 0 with top-k and without penalties
     its top-k candidates (k); anything else, log-probabilities too, the whole row (None: on
     the host)."""
     if sampling.repeat_penalty != 1.0 or sampling.logprobs is not None:
         return None
     if sampling.temperature <= 0:
-        return 0 if tie_bound <= 0 else None
+        return 0
     return sampling.top_k if 0 < sampling.top_k <= MAX_DEVICE_TOP_K else None
-
-
-def settle(ctx: Context, sampler: TokenSampler, pending: list[int]) -> int:
-    """Draw the token after the accepted path (already in the sampler's history) from
-    single-token forwards of what is not yet in the cache (at least the path's last token),
-    as plain decoding computes it."""
-    if not pending:
-        pending = ctx.tokens[-1:]
-        ctx.truncate(len(ctx.tokens) - 1)
-    for token in pending:
-        ctx.append(token)
-    return sampler.sample(ctx.logits(0))
 
 
 def generate(ctx: Context, prompt: Sequence[int], max_tokens: int,

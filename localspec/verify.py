@@ -118,7 +118,6 @@ class DraftTree:
 class Verdict:
     path: list[int]     # accepted node indices
     tokens: list[int]   # their tokens, then the next token (the bonus or the correction)
-    unsettled: bool     # strict mode: the next token is still to be drawn
     n_cached: int       # how many of the accepted tokens the KV cache kept (see verify_tree)
     seconds: float = 0.0  # the target's forward: in llama_decode and waiting for its outputs
     # The batch's pending tokens, where the cache did not keep them either (a recurrent state
@@ -188,7 +187,7 @@ def padded(ctx: Context, n: int, speculating: bool) -> int:
     return n if shape > ctx.config.n_batch or len(ctx.tokens) + shape > ctx.n_ctx else shape
 
 
-def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler, tie_bound: float = 0.0) -> Verdict:
+def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler) -> Verdict:
     """Wait for the launched forward and accept exactly from its outputs in one native call
     (greedy walk, sibling tests or SpecInfer residuals: native/verify.cpp; `tree`'s q_* are the
     distributions sampled nodes were drawn from), and leave sequence 0 holding the context,
@@ -212,9 +211,9 @@ def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler, tie_bound: floa
     back as the next batch's pending ones (n_cached 0). A chain there is undone as above."""
     launched, ctx.inflight = ctx.inflight, None
     keep_batch = ctx.checkpoints and not launched.flattened
-    path, nxt, unsettled, n_cached, seconds, device_failed = _native.finish(
+    path, nxt, n_cached, seconds, device_failed = _native.finish(
         ctx.ptr, launched.batch, tree.q_offsets, tree.q_ids, tree.q_probs, sampler.sampler, sampler.history,
-        sampler.rng, tie_bound, ctx.rows_from, keep_batch)
+        sampler.rng, ctx.rows_from, keep_batch)
     # (a plain step accepts nothing: numpy's indexing would cost more than its Python)
     accepted = launched.tree.tokens[path].tolist() if len(path) and not device_failed else []
     emitted = accepted + ([nxt] if nxt >= 0 else [])
@@ -225,21 +224,21 @@ def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler, tie_bound: floa
     if device_failed:  # nothing was kept: the same batch again, read on the host
         ctx.off_device("a verification row")
         launch(ctx, launched.tree, launched.pending, launched.all_pending_rows, launched.speculating)
-        again = accept(ctx, tree, sampler, tie_bound)
+        again = accept(ctx, tree, sampler)
         return replace(again, seconds=seconds + again.seconds)
     if rejected:
         kept = launched.pending.tolist() + accepted
         if len(launched.pending) == 1:
-            return Verdict(path, emitted, unsettled, 0, seconds, launched.pending.tolist(), logprobs)
+            return Verdict(path, emitted, 0, seconds, launched.pending.tolist(), logprobs)
         # Requeued once already: decoded now, so that no batch carries them twice (a run of
         # rejections would otherwise grow every batch by what the last one kept).
         t0 = time.perf_counter()
         ctx.extend(kept, len(kept) if launched.all_pending_rows else 1)
         ctx.synchronize()
-        return Verdict(path, emitted, unsettled, len(path), seconds + time.perf_counter() - t0, logprobs=logprobs)
+        return Verdict(path, emitted, len(path), seconds + time.perf_counter() - t0, logprobs=logprobs)
     ctx.tokens.extend(launched.pending.tolist())
     ctx.tokens.extend(accepted[:n_cached])
-    return Verdict(path, emitted, unsettled, n_cached, seconds, logprobs=logprobs)
+    return Verdict(path, emitted, n_cached, seconds, logprobs=logprobs)
 
 
 def row_logprobs(ctx: Context, launched: Launched, path: list[int], emitted: list[int],
@@ -254,7 +253,7 @@ def row_logprobs(ctx: Context, launched: Launched, path: list[int], emitted: lis
 
 
 def verify_tree(ctx: Context, tree: DraftTree, pending: list[int], sampler: TokenSampler,
-                tie_bound: float = 0.0, all_pending_rows: bool = False) -> Verdict:
+                all_pending_rows: bool = False) -> Verdict:
     """launch, then accept."""
     launch(ctx, tree, pending, all_pending_rows)
-    return accept(ctx, tree, sampler, tie_bound)
+    return accept(ctx, tree, sampler)

@@ -256,7 +256,7 @@ NB_MODULE(_native, m) {
         "finish",
         [](uintptr_t ctx, const ls::launched & batch, vec_in<const int32_t> q_offsets, vec_in<const int32_t> q_ids,
            vec_in<const float> q_probs, ls::sampler & smp, vec_in<const int32_t> history, ls::rng & r,
-           float tie_bound, int32_t rows, bool keep_batch) {
+           int32_t rows, bool keep_batch) {
             const size_t n = batch.tokens.size();
             const bool sampled = q_offsets.shape(0) > 0;
             if (sampled && (q_offsets.shape(0) != n + 1 || size_t(q_offsets(n)) != q_ids.shape(0) ||
@@ -268,17 +268,17 @@ NB_MODULE(_native, m) {
                 nb::gil_scoped_release release;
                 res = ls::finish(reinterpret_cast<llama_context *>(ctx), batch, sampled ? q_offsets.data() : nullptr,
                                  sampled ? q_ids.data() : nullptr, sampled ? q_probs.data() : nullptr, smp, r,
-                                 history.data(), int32_t(history.shape(0)), tie_bound, ls::rows_from(rows),
+                                 history.data(), int32_t(history.shape(0)), ls::rows_from(rows),
                                  keep_batch);
             }
-            return nb::make_tuple(res.verdict.path, res.verdict.next, res.verdict.unsettled, res.n_cached,
+            return nb::make_tuple(res.verdict.path, res.verdict.next, res.n_cached,
                                   res.forward_s, res.device_failed);
         },
         "ctx"_a, "batch"_a, "q_offsets"_a, "q_ids"_a, "q_probs"_a, "sampler"_a, "history"_a, "rng"_a,
-        "tie_bound"_a = 0.0f, "rows"_a = 0, "keep_batch"_a = false,
+        "rows"_a = 0, "keep_batch"_a = false,
         "Wait for a launched batch, verify its tree, keep the accepted path in the KV cache\n"
         "(keep_batch: leave the cache holding the whole batch).\n"
-        "Returns (accepted node indices, next token, unsettled, nodes cached, seconds in the forward,\n"
+        "Returns (accepted node indices, next token, nodes cached, seconds in the forward,\n"
         "device failed: a row had no valid token from the device; nothing kept, the batch dropped).");
     nb::class_<ls::sampler_on_device>(m, "SamplerOnDevice")
         .def("__init__", [](ls::sampler_on_device * self, uintptr_t ctx, int32_t top_k) {
@@ -345,7 +345,7 @@ NB_MODULE(_native, m) {
                             drawn[i] = ls::draw(q, r);
                         }
                     }
-                    const ls::verify_result res = ls::verify_tree(row, n_vocab, tree, smp, r, nullptr, 0, 0.0f);
+                    const ls::verify_result res = ls::verify_tree(row, n_vocab, tree, smp, r, nullptr, 0);
                     std::vector<int32_t> emitted;
                     for (int32_t node : res.path) emitted.push_back(drawn[node]);
                     emitted.push_back(res.next);

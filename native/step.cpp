@@ -308,7 +308,7 @@ bool verify_greedy_on_device(llama_context * ctx, const draft_tree & tree, verif
 
 step_result finish(llama_context * ctx, const launched & b, const int32_t * q_offsets,
                    const int32_t * q_ids, const float * q_probs, sampler & smp, rng & r,
-                   const int32_t * history, int32_t n_history, float tie_bound, rows_from rows,
+                   const int32_t * history, int32_t n_history, rows_from rows,
                    bool keep_batch) {
     step_result res;
     const auto t0 = clock_type::now();
@@ -339,12 +339,12 @@ step_result finish(llama_context * ctx, const launched & b, const int32_t * q_of
             return v;
         };
         try {
-            res.verdict = verify_tree(candidates, n_vocab, tree, smp, r, history, n_history, tie_bound);
+            res.verdict = verify_tree(candidates, n_vocab, tree, smp, r, history, n_history);
         } catch (const missing_row &) {
             ok = false;
         }
     } else {
-        res.verdict = verify_tree(ctx, n_vocab, tree, smp, r, history, n_history, tie_bound);
+        res.verdict = verify_tree(ctx, n_vocab, tree, smp, r, history, n_history);
     }
     if (!ok) {
         res.verdict = {};

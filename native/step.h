@@ -120,7 +120,7 @@ enum class rows_from : int32_t { host = 0, device_argmax = 1, device_top_k = 2 }
 // (the state of the sequence without a path); then every sequence is that one's copy.
 step_result finish(llama_context * ctx, const launched & batch, const int32_t * q_offsets,
                    const int32_t * q_ids, const float * q_probs, sampler & smp, rng & r,
-                   const int32_t * history, int32_t n_history, float tie_bound, rows_from rows,
+                   const int32_t * history, int32_t n_history, rows_from rows,
                    bool keep_batch = false);
 
 // Wait for the batch and drop what it added: the cache is as it was before launch().

@@ -23,16 +23,6 @@ void renormalise(distribution & p) {
     for (float & x : p.probs) x = float(x / z);
 }
 
-// Gap between the two largest logits of a row.
-float top_two_gap(const float * logits, int32_t n_vocab) {
-    float a = -INFINITY, b = -INFINITY;
-    for (int32_t i = 0; i < n_vocab; ++i) {
-        const float l = logits[i];
-        if (l > a) { b = a; a = l; } else if (l > b) { b = l; }
-    }
-    return a - b;
-}
-
 }  // namespace
 
 int32_t accept_greedy(const distribution & p, const draft_tree & tree,
@@ -94,8 +84,7 @@ int32_t accept_sampled(distribution & p, const draft_tree & tree,
 }
 
 verify_result verify_tree(const logits_rows & rows, int32_t n_vocab, const draft_tree & tree,
-                          sampler & smp, rng & r, const int32_t * history, int32_t n_history,
-                          float tie_bound) {
+                          sampler & smp, rng & r, const int32_t * history, int32_t n_history) {
     // Children of each node in tree order (index 0: the root, i + 1: node i).
     std::vector<std::vector<int32_t>> children(tree.n_nodes + 1);
     for (int32_t i = 0; i < tree.n_nodes; ++i) children[tree.parents[i] + 1].push_back(i);
@@ -108,10 +97,6 @@ verify_result verify_tree(const logits_rows & rows, int32_t n_vocab, const draft
     for (;;) {
         const row_view row = rows(row_of(tree, cur));
         if (!row.logits) throw missing_row("verify: no logits for batch row " + std::to_string(row_of(tree, cur)));
-        if (tie_bound > 0.0f && smp.greedy() && top_two_gap(row.logits, row.n) < tie_bound) {
-            res.unsettled = true;  // this row could rank differently in a single-token forward
-            return res;
-        }
         if (row.ids) {
             smp.transform(row.ids, row.logits, row.n, p);
         } else {
@@ -137,10 +122,9 @@ verify_result verify_tree(const logits_rows & rows, int32_t n_vocab, const draft
 }
 
 verify_result verify_tree(llama_context * ctx, int32_t n_vocab, const draft_tree & tree,
-                          sampler & smp, rng & r, const int32_t * history, int32_t n_history,
-                          float tie_bound) {
+                          sampler & smp, rng & r, const int32_t * history, int32_t n_history) {
     return verify_tree([ctx, n_vocab](int32_t row) { return row_view{llama_get_logits_ith(ctx, row), nullptr, n_vocab}; },
-                       n_vocab, tree, smp, r, history, n_history, tie_bound);
+                       n_vocab, tree, smp, r, history, n_history);
 }
 
 }  // namespace ls

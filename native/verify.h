@@ -36,8 +36,6 @@ inline int32_t row_of(const draft_tree & tree, int32_t node) {
 struct verify_result {
     std::vector<int32_t> path;          // accepted node indices, root to leaf
     int32_t              next = -1;     // the token drawn after the path (bonus or correction)
-    bool                 unsettled = false;  // strict mode: `next` must come from a
-                                             // single-token forward of the path's end
 };
 
 // A batch row's logits: the whole vocabulary's (ids null), or its best candidates' (ids[i]'s
@@ -52,16 +50,13 @@ using logits_rows = std::function<row_view(int32_t)>;
 
 // Walk the tree from the root, computing the target distribution only at the nodes the walk
 // visits, with the same sampling transform plain generation uses. `history` is the
-// penalty window before the root (the root included). With tie_bound > 0 (greedy only),
-// a visited row whose top-two logit gap is below it stops the walk unsettled.
+// penalty window before the root (the root included).
 verify_result verify_tree(const logits_rows & rows, int32_t n_vocab, const draft_tree & tree,
-                          sampler & smp, rng & r, const int32_t * history, int32_t n_history,
-                          float tie_bound);
+                          sampler & smp, rng & r, const int32_t * history, int32_t n_history);
 
 // The same, reading llama.cpp's output buffer in place (its full rows).
 verify_result verify_tree(llama_context * ctx, int32_t n_vocab, const draft_tree & tree,
-                          sampler & smp, rng & r, const int32_t * history, int32_t n_history,
-                          float tie_bound);
+                          sampler & smp, rng & r, const int32_t * history, int32_t n_history);
 
 // A row the verifier needs has no logits (from the device: no candidates came back for it).
 struct missing_row : std::runtime_error {

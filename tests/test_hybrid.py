@@ -235,11 +235,36 @@ def test_sampling_on_a_recurrent_target_keeps_its_distribution(engine):
     assert chi2_contingency(table).pvalue > 0.001, counts
 
 
+def test_strict_where_no_batch_reproduces_single_tokens_decodes_one_at_a_time(tmp_path, small_path):
+    """The tiny qwen35 on one thread: its batches of 2 already differ from single tokens, so
+    whatever a verification batch wrote into the cache and the recurrent state would differ
+    from plain decoding's for the rest of the answer. --strict says so once and decodes one
+    token at a time, prompts too: a cached prompt is then computed as a cold one is."""
+    from conftest import RECORDED_CURVE
+
+    path = make("qwen35", "tiny", tmp_path / "qwen35.gguf", tokenizer=small_path)
+    notices = []
+    engine = Engine(EngineConfig(model=str(path), n_ctx=1024, threads=1, strict=True, curve=str(RECORDED_CURVE),
+                                 store=":memory:"), notice=notices.append)
+    try:
+        assert engine.exactness()[1] == 1 and not engine.speculates
+        assert [n for n in notices if n.startswith("--strict")], notices
+        first = answer(engine, PROMPT, drafter="auto")
+        assert first.stats.draft_n == 0 and set(first.stats.ran) == {"plain"}
+        assert engine.ctx.chunk == 1
+        again = answer(engine, PROMPT + "def sub(a, b):\n", drafter="suffix")  # the cache reused
+        cold = answer(engine, PROMPT + "def sub(a, b):\n", cache=False, drafter="none")
+        assert again.stats.cache_n > 0 and again.tokens == cold.tokens
+    finally:
+        engine.close()
+
+
 def test_a_chat_on_a_hybrid_target_stops_and_answers_as_a_cold_start(tmp_path, small_path):
-    """`localspec chat` on a qwen35 under Textual's pilot, auto speculating (a rejected batch
-    undone from its checkpoint): an answer is a cold plain engine's; Esc stops the next with its forward in flight;
-    the turn after it, decoded from the recurrent state the prompt cache saved, is again a cold
-    start's answer to the whole conversation. Strict and one thread: byte for byte."""
+    """`localspec chat` on a qwen35 under Textual's pilot: an answer is a cold plain engine's;
+    Esc stops the next with its forward in flight; the turn after it, decoded from the
+    recurrent state the prompt cache saved, is again a cold start's answer to the whole
+    conversation. Strict and one thread, byte for byte: no batch of this target reproduces
+    single tokens, so it decodes one token at a time (the test above), prompts too."""
     import asyncio
 
     from conftest import RECORDED_CURVE
@@ -247,8 +272,6 @@ def test_a_chat_on_a_hybrid_target_stops_and_answers_as_a_cold_start(tmp_path, s
     from tui.app import ChatConfig
 
     path = make("qwen35", "tiny", tmp_path / "qwen35.gguf", tokenizer=small_path)
-    # A store of its own: the session's default one holds what earlier tests answered with this
-    # tokenizer, and other drafts verify in other batches (see the strict note in the docs).
     settings = dict(model=str(path), n_ctx=4096, threads=1, strict=True, curve=str(RECORDED_CURVE),
                     store=str(tmp_path / "store"))
 

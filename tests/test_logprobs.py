@@ -122,29 +122,6 @@ def test_token_logprob_is_a_log_softmax():
     assert token_logprob(logits, 0, 0).top == ()
 
 
-def test_strict_decoding_settles_a_tie_and_gives_its_tokens_logprob(small_path):
-    """--strict on two threads: a near-tie in a batched row is settled by single-token
-    forwards (loop.settle), whose row gives that token's log-probability; every token's is
-    plain decoding's on the same engine, bit for bit, as strict output is."""
-    engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=2, strict=True, store=":memory:",
-                                 refine_curve=False))
-    try:
-        ctx = engine.ctx
-        prompt = engine.model.tokenize(PROMPT)
-        settled = Stats()
-        tokens, lps = [], []
-        for it in run(ctx, Fixed(LookupDrafter(), Budget(CostFree(), ctx.n_paths, 16, static=True), "lookup"), prompt,
-                      SamplingConfig(logprobs=1), 24, settled, RunOptions(stop_at_eog=False, tie_bound=1e9)):
-            tokens += it.tokens
-            lps += it.logprobs
-        assert settled.settled > 0 and settled.draft_n_accepted == 0  # every row a tie: all settled
-        ctx.clear()
-        plain, plain_lps, _ = generated(ctx, Plain(), prompt, SamplingConfig(logprobs=1), 24)
-        assert tokens == plain and lps == plain_lps
-    finally:
-        engine.close()
-
-
 def test_an_impossible_token_or_a_row_of_nan_gives_a_number_json_can_carry():
     logits = np.array([0.0, -np.inf, 1.0], np.float32)
     assert token_logprob(logits, 1, 3).logprob == -9999.0 and token_logprob(logits, 1, 3).top[-1] == (1, -9999.0)

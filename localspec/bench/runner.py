@@ -46,7 +46,6 @@ class Run:
     drafted: int = 0
     accepted: int = 0
     forwards: int = 0
-    settled: int = 0
     failed: str | None = None
     # plain decoding's greedy answer only: (its seconds, a clairvoyant copier's) on the cost
     # curve (bench/ceiling.py)
@@ -156,7 +155,7 @@ def run_ours(engine: Engine, tokens: list[int], drafter: DrafterSpec, max_tokens
     s = done.stats
     return done.tokens, Run(n_tokens=s.predicted_n, n_timed=s.predicted_n - 1,
                             seconds=s.predicted_ms / 1e3, drafted=s.draft_n, accepted=s.draft_n_accepted,
-                            forwards=s.forwards + 1 if s.forwards else 0, settled=s.settled,
+                            forwards=s.forwards + 1 if s.forwards else 0,
                             iterations=iterations, ran=dict(s.ran))
 
 

@@ -81,16 +81,14 @@ class Planning:
         curve = self.prepare()
         return exactness(self.ctx) if curve.base.coarse else (curve.discrepancy, curve.exact_batch)
 
-    def strict_limits(self, temperature: float) -> tuple[float, int | None]:
-        """What verification keeps to under --strict, to be bit-identical to plain decoding:
-        (a bound below which a near-tie is settled by a single token, the largest batch), the
-        batches that reproduce single tokens where there are any, else the bound."""
-        if not self.strict:
-            return 0.0, None
-        if temperature > 0:
+    def check_strict(self, temperature: float) -> None:
+        if self.strict and temperature > 0:
             raise LocalspecError("--strict applies to greedy decoding (temperature 0)")
-        discrepancy, exact_batch = self.exactness()
-        return (0.0, exact_batch) if exact_batch >= 2 else (discrepancy * 2, None)
+
+    def strict_batch(self) -> int | None:
+        """The largest batch verification may use: under --strict, the largest that reproduces
+        single tokens here (bit for bit: greedy output is plain decoding's), else no limit."""
+        return self.exactness()[1] if self.strict else None
 
     def _refine(self, live: LiveCurve) -> None:
         """The whole cost curve, measured in a context of its own between requests, then
