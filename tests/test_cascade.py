@@ -127,6 +127,20 @@ def test_a_near_miss_is_tried_again_next_phase():
 
 
 @pytest.mark.unit
+def test_a_near_miss_of_a_drafter_that_sizes_itself_runs_its_set_phase():
+    """A free drafter's proposals are sized on the cost curve, so where they do not pay it
+    runs plain steps anyway: a trial of it within `converge` below 1 runs the set phase, one
+    clearly below does not; a drafter whose K is a cap is held to 1."""
+    def first_set(utility, sizes_itself):
+        cascade = Cascade(["lookup"], predict_k=lambda d: 4, sizes_itself=lambda d: sizes_itself)
+        simulate(cascade, lambda arm, i: utility, 60)
+        return set_phases(cascade)[0][0]
+    assert first_set(0.95, True) == ("lookup", 4)
+    assert first_set(0.85, True) == PLAIN
+    assert first_set(0.95, False) == PLAIN
+
+
+@pytest.mark.unit
 def test_a_near_miss_climbs_to_the_k_that_pays_and_a_rising_climb_goes_on():
     """Where the starting K nearly pays (0.97) and a longer draft does (1.1 at K = 2), the
     climb goes up rather than switching speculation off: a small gain (chat, HumanEval) is
