@@ -7,7 +7,9 @@ The drafter learns as it does in the engine (its store takes each answer after i
 Beside it, what the same proposals allow sized in hindsight (hindsight()), and with
 `--breakdown` where the sized drafts win and lose, by rows drafted and accepted.
 `--own-long` / `--store-long` set the priors of 12-, 16- and 24-token matches (MatchAcceptance)
-to compare settings on the same answers.
+to compare settings on the same answers; `--choose-in-hindsight` has the drafter take whichever
+source's sized tree (the request's own text or the store) the text follows further, where it
+would take the one it predicts pays more (what that choice is worth at most).
 
     .venv/bin/python scripts/replay_drafts.py record chat-session 4 /tmp/chat.json
     .venv/bin/python scripts/replay_drafts.py replay /tmp/chat.json /tmp/edit.json \\
@@ -50,13 +52,25 @@ def record(engine: Engine, workload: str, limit: int, out: Path) -> None:
     out.write_text(json.dumps(data))
 
 
-def drafter_for(engine: Engine, data: dict, own_long, store_long) -> SuffixDrafter:
+class HindsightChoice(SuffixDrafter):
+    """The suffix drafter taking, of its two sources' trees, the one the text (`future`, set
+    before each proposal) follows further once sized; both sources are searched every time."""
+    future: list[int] = []
+
+    def propose(self, context: list[int], budget: Budget):
+        self.acceptance.start(context)
+        own, stored = self.lookup.propose(context, budget), self._from_store(context, budget)
+        followed = [budget.size(t).walk(self.future)[0] if len(t) else -1 for t in (own, stored)]
+        return stored if followed[1] > followed[0] else own
+
+
+def drafter_for(engine: Engine, data: dict, own_long, store_long, hindsight_choice: bool = False) -> SuffixDrafter:
     """A suffix drafter over a store that holds the recording's warm documents."""
     store = engine.drafters.suffix_store()
     store.rollback(0)
     for doc in data["warm"]:
         store.add(doc)
-    drafter = SuffixDrafter(store)
+    drafter = (HindsightChoice if hindsight_choice else SuffixDrafter)(store)
     # The last three buckets are the long matches' (12, 16, 24+ tokens): only their priors change.
     for acceptance, long in ((drafter.lookup.acceptance, own_long), (drafter.acceptance, store_long)):
         if long:
@@ -72,11 +86,11 @@ def kind_of(n_drafted: int, n_accepted: int) -> str:
 
 
 def replay(engine: Engine, data: dict, curve, own_long, store_long,
-           breakdown: dict[str, list[float]] | None = None) -> tuple[float, float]:
+           breakdown: dict[str, list[float]] | None = None, hindsight_choice: bool = False) -> tuple[float, float]:
     """(speedup over plain decoding on `curve`, tokens per iteration). `breakdown` (a
     defaultdict of [0, 0, 0]) sums per kind of iteration (rows verified, how many accepted):
     iterations, forwards' time beyond a plain step's, tokens accepted."""
-    drafter = drafter_for(engine, data, own_long, store_long)
+    drafter = drafter_for(engine, data, own_long, store_long, hindsight_choice)
     t_spec = t_plain = 0.0
     n_iterations = n_tokens = 0
     for turn in data["turns"]:
@@ -87,6 +101,7 @@ def replay(engine: Engine, data: dict, curve, own_long, store_long,
             context = prompt + answer[:pos]
             here = curve.at(len(context))
             budget = Budget(here, 8).within(len(answer) - pos - 1)
+            drafter.future = answer[pos:]  # read by HindsightChoice only
             tree = budget.size(drafter.propose(context, budget))
             n = tree.walk(answer[pos:])[0] if len(tree) else 0
             t_spec += here.cost(1 + len(tree))
@@ -142,6 +157,8 @@ def main() -> None:
     floats = lambda text: tuple(float(x) for x in text.split(","))  # noqa: E731
     s.add_argument("--own-long", type=floats, help="priors of 12-, 16-, 24-token matches in the request's own text")
     s.add_argument("--store-long", type=floats, help="... and in the store")
+    s.add_argument("--choose-in-hindsight", action="store_true",
+                   help="take the source whose sized tree the text follows further")
     s.add_argument("--breakdown", action="store_true",
                    help="per kind of iteration (rows drafted, accepted): time spent against tokens won")
     a = p.parse_args()
@@ -154,7 +171,7 @@ def main() -> None:
         data = json.loads(path.read_text())
         for name, curve in curves.items():
             kinds = defaultdict(lambda: [0, 0.0, 0]) if a.breakdown else None
-            speedup, tau = replay(engine, data, curve, a.own_long, a.store_long, kinds)
+            speedup, tau = replay(engine, data, curve, a.own_long, a.store_long, kinds, a.choose_in_hindsight)
             best = hindsight(engine, data, curve, a.own_long, a.store_long)
             print(f"{path.stem}  {name}: {speedup:.3f}x plain, {tau:.2f} tokens an iteration; "
                   f"sized in hindsight {best:.3f}x", flush=True)

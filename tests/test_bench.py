@@ -130,6 +130,8 @@ def test_llama_servers_draft_configurations_speculate(qwen_path):
         finally:
             anchor.close()
         assert not run.failed and run.drafted > 0
+        # its forwards as ours are counted (the prompt's too), so the report gives its τ
+        assert run.forwards == run.n_tokens - run.accepted and run.forwards < run.n_tokens
     with pytest.raises(LocalspecError, match="without speculative decoding"):
         ServerAnchor("draft model alone", qwen_path, qwen_path, 1024, 2,
                      ["--spec-type", "none", "--spec-draft-n-max", "3"])
