@@ -53,7 +53,6 @@ class Stats:
     predicted_ms: float = 0.0  # generating them after the first
     draft_n: int = 0           # draft tokens verified
     draft_n_accepted: int = 0  # of those, accepted
-    forwards: int = 0          # target forwards while generating (one per iteration)
     ran: collections.Counter = field(default_factory=collections.Counter)  # iterations per arm
     # draft tokens accepted per iteration that verified a draft -> iterations
     accepted_lengths: collections.Counter = field(default_factory=collections.Counter)
@@ -63,6 +62,11 @@ class Stats:
         """After the first token (which comes with the prompt's forward)."""
         n = self.predicted_n - 1
         return n / self.predicted_ms * 1e3 if n > 0 and self.predicted_ms > 0 else 0.0
+
+    @property
+    def forwards(self) -> int:
+        """Target forwards while generating: one per iteration."""
+        return sum(self.ran.values())
 
     @property
     def tau(self) -> float:
@@ -77,7 +81,6 @@ class Stats:
         """One iteration after the first token."""
         self.predicted_n += len(it.tokens)
         self.predicted_ms += it.seconds * 1e3
-        self.forwards += 1
         self.draft_n += it.n_drafted
         self.draft_n_accepted += it.n_verified_accepted
         self.ran[it.arm] += 1

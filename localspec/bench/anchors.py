@@ -164,9 +164,8 @@ class ServerAnchor:
                 out = json.loads(r.read())
             t = out["timings"]
             # predicted_ms runs from the first token (the prompt's batch gave it) to the last:
-            # the tokens after the first, as localspec's own runs count them
-            # its forwards, the prompt's included as ours count them (each after it emits 1 + what
-            # it accepted)
+            # the tokens after the first, as localspec's own runs count them; so are its
+            # forwards, the prompt's included (each after it emits 1 + what it accepted)
             accepted = t.get("draft_n_accepted", 0)
             run = Run(n_tokens=t["predicted_n"], n_timed=max(0, t["predicted_n"] - 1),
                       seconds=t["predicted_ms"] / 1e3, drafted=t.get("draft_n", 0),
