@@ -71,14 +71,16 @@ class LiveCurve:
         """Correct `base` from here on, starting afresh (the whole curve measured in place of
         the coarse one a model started on)."""
         self.base = base
-        size = (2, len(base.seconds))  # SAME, AFTER_ANOTHER
-        self.log_ratio = np.zeros(size)
-        self.count = np.zeros(size)
-        self._factors: np.ndarray | None = np.ones(size)
-        self._applied = np.full(size, np.nan)  # the corrections the factors hold
+        # Per kind (SAME, AFTER_ANOTHER) and batch size, as lists: observe() reads and writes
+        # a few of them every iteration, where numpy's scalar access costs more.
+        n = len(base.seconds)
+        self.log_ratio = [[0.0] * n, [0.0] * n]
+        self.count = [[0.0] * n, [0.0] * n]
+        self._factors: np.ndarray | None = np.ones((2, n))
+        self._applied = [[0.0] * n, [0.0] * n]  # log of the factors: the correction planned with
         self._base: dict[int, np.ndarray] = {}  # base.unpadded_at() by stretch of context
         self._at: dict[tuple[int, int], tuple[CostCurve, np.ndarray]] = {}  # _plan() by stretch of context and last shape
-        self._stray = np.zeros((2, len(base.seconds)))  # per size: forwards, sum of log(seen / base)
+        self._stray = [[0.0] * n, [0.0] * n]  # per size: forwards, sum of log(seen / base)
         self.last_shape = 0  # the shape the last forward ran in (0: none, or no shapes)
 
     def pad_with(self, shapes: tuple[int, ...]) -> None:
@@ -109,22 +111,24 @@ class LiveCurve:
         # One forward may be an outlier (the first of a new batch shape allocates its graph; the
         # machine hiccups): it moves the mean by at most `step` in log, so one slow batch cannot
         # price its size out of the drafts that would measure it again.
-        lr, r = float(self.log_ratio[kind, i]), math.log(seconds / float(self._base_at(n_context)[i]))
-        self._stray[0, i] += 1
-        self._stray[1, i] += min(max(r, -FAR), FAR)  # a hiccup of 20x counts as 20x
+        lr, r = self.log_ratio[kind][i], math.log(seconds / float(self._base_at(n_context)[i]))
+        self._stray[0][i] += 1
+        self._stray[1][i] += min(max(r, -FAR), FAR)  # a hiccup of 20x counts as 20x
         r = min(max(r, lr - self.step), lr + self.step)
-        count = min(float(self.count[kind, i]) + 1, self.memory)
+        count = min(self.count[kind][i] + 1, self.memory)
         lr += (r - lr) / count
-        self.count[kind, i], self.log_ratio[kind, i] = count, lr
-        if not abs(lr * count / (count + self.shrink) - self._applied[kind, i]) <= TOLERANCE:  # NaN: new
+        self.count[kind][i], self.log_ratio[kind][i] = count, lr
+        # A size seen for the first time was planned with its neighbours' correction: compared
+        # with that, not replanned for every new size (a replan took 0.25 ms of a CPU iteration).
+        if not abs(lr * count / (count + self.shrink) - self._applied[kind][i]) <= TOLERANCE:
             self._factors = None
             self._at.clear()
 
     def learned(self) -> dict[str, dict[int, list[float]]]:
         """The corrections learnt, for resume(): per kind of forward and batch size seen,
         [forwards, mean log(seconds observed / predicted)]."""
-        return {name: {int(i) + 1: [float(self.count[kind, i]), round(float(self.log_ratio[kind, i]), 6)]
-                       for i in np.flatnonzero(self.count[kind] > 0)} for name, kind in KINDS.items()}
+        return {name: {i + 1: [count, round(self.log_ratio[kind][i], 6)]
+                       for i, count in enumerate(self.count[kind]) if count > 0} for name, kind in KINDS.items()}
 
     def resume(self, learned) -> None:
         """Start from the corrections an earlier run learnt on this base curve (learned(), read
@@ -138,8 +142,8 @@ class LiveCurve:
         except (AttributeError, KeyError, TypeError, ValueError):
             return
         for kind, i, count, lr in entries:
-            if 0 <= i < self.count.shape[1] and count > 0 and abs(lr) <= FAR:  # finite, within 20x
-                self.count[kind, i], self.log_ratio[kind, i] = min(count / 2, CARRIED), lr
+            if 0 <= i < len(self.count[kind]) and count > 0 and abs(lr) <= FAR:  # finite, within 20x
+                self.count[kind][i], self.log_ratio[kind][i] = min(count / 2, CARRIED), lr
         self._factors = None
         self._at.clear()
 
@@ -154,16 +158,16 @@ class LiveCurve:
         seconds are multiplied by. A size one kind has not seen takes the other's correction
         where that saw it, else its seen neighbours'."""
         if self._factors is None:
-            shrunk = self.log_ratio * self.count / (self.count + self.shrink)
-            self._applied[self.count > 0] = shrunk[self.count > 0]
+            count = np.array(self.count)
+            shrunk = np.array(self.log_ratio) * count / (count + self.shrink)
             factors = np.ones_like(shrunk)
             for kind in (SAME, AFTER_ANOTHER):
-                own, other = self.count[kind] > 0, self.count[1 - kind] > 0
+                own, other = count[kind] > 0, count[1 - kind] > 0
                 known = np.where(own, shrunk[kind], shrunk[1 - kind])
                 seen = np.flatnonzero(own | other)
                 if len(seen):
                     factors[kind] = np.exp(np.interp(np.arange(len(known)), seen, known[seen]))
-            self._factors = factors
+            self._factors, self._applied = factors, np.log(factors).tolist()
         return self._factors
 
     def pad_to(self, n: int, n_context: int) -> int:
@@ -193,7 +197,7 @@ class LiveCurve:
     def stray(self) -> tuple[int, float, dict[int, float]]:
         """How far the forwards seen strayed from the base curve: their number, the geometric
         mean of seen / predicted over all of them, and per batch size seen 4 times or more."""
-        n, total = self._stray
+        n, total = np.array(self._stray)
         if not n.sum():
             return 0, 1.0, {}
         by_batch = {int(i) + 1: round(math.exp(total[i] / n[i]), 3) for i in np.flatnonzero(n >= 4)}
