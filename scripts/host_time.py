@@ -7,6 +7,11 @@ iterations handed out less the time in the native decode.
 
     .venv/bin/python scripts/host_time.py -m qwen2.5-coder-1.5b-instruct --threads 2 \\
         --limit 3 --max-tokens 256 lookup suffix
+
+`--cold`: what the forward leaves the host's Python (on a CPU backend the forward streams the
+weights through every cache): the live curve's `observe`, which the loop calls right after
+each verification forward, timed there and again at once (the same work on a warm cache),
+and how many iterations replanned the curve.
 """
 
 import argparse
@@ -18,6 +23,7 @@ from localspec.bench import workloads
 from localspec.bench.runner import prompt_tokens
 from localspec.drafters.spec import DrafterSpec
 from localspec.engine import Engine, EngineConfig, Request
+from localspec.llama import live
 from localspec.sampling import SamplingConfig
 
 in_decode = [0.0]
@@ -40,10 +46,12 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--argmax", choices=["host", "device"], default=None, help="where greedy rows' argmax runs")
+    p.add_argument("--cold", action="store_true", help="time the live curve's observe as the loop pays it and warm")
     p.add_argument("drafters", nargs="*", default=["none", "lookup", "suffix"])
     a = p.parse_args()
 
     _native.decode = timed_decode
+    probe = cold_probe() if a.cold else None
     extra = {} if a.argmax is None else {"sample_on_device": a.argmax == "device"}
     engine = Engine(EngineConfig(model=a.model, threads=a.threads, store=":memory:", **extra))
     engine.planning.prepare()  # the cost curve, measured before any run is timed
@@ -71,6 +79,37 @@ def main() -> None:
         every = [x for v in host.values() for x in v]
         print(f"{label}: host ms per iteration, median {1e3 * statistics.median(every):.3f} over {len(every)}; "
               f"by batch: " + " ".join(f"{b}:{1e3 * statistics.median(v):.2f}" for b, v in sorted(host.items())[:10]))
+        if probe and probe["cold"]:
+            print(f"  observe after the forward {1e6 * statistics.median(probe['cold']):.1f} us, at once again "
+                  f"{1e6 * statistics.median(probe['warm']):.1f} us; replans {probe['replans']} in "
+                  f"{len(probe['cold'])} forwards")
+            probe.update(cold=[], warm=[], replans=0)
+
+
+def cold_probe() -> dict:
+    """Wrap LiveCurve.observe to run twice, each timed: on the curve, then on a twin made at
+    its first forward that hears the same forwards (the same work, each curve learning each
+    forward once); and count the replans (LiveCurve._choices)."""
+    import copy
+
+    probe = {"cold": [], "warm": [], "replans": 0}
+    observe, choices = live.LiveCurve.observe, live.LiveCurve._choices
+    twins: dict[int, live.LiveCurve] = {}
+
+    def timed_observe(self, n, n_context, seconds):
+        if id(self) not in twins:
+            twins[id(self)] = copy.deepcopy(self)
+        twin = twins[id(self)]
+        for key, curve in (("cold", self), ("warm", twin)):
+            t0 = time.perf_counter()
+            observe(curve, n, n_context, seconds)
+            probe[key].append(time.perf_counter() - t0)
+
+    def counted_choices(self, base):
+        probe["replans"] += 1
+        return choices(self, base)
+    live.LiveCurve.observe, live.LiveCurve._choices = timed_observe, counted_choices
+    return probe
 
 
 if __name__ == "__main__":
