@@ -86,10 +86,12 @@ def kind_of(n_drafted: int, n_accepted: int) -> str:
 
 
 def replay(engine: Engine, data: dict, curve, own_long, store_long,
-           breakdown: dict[str, list[float]] | None = None, hindsight_choice: bool = False) -> tuple[float, float]:
+           breakdown: dict[str, list[float]] | None = None, hindsight_choice: bool = False,
+           trace: bool = False) -> tuple[float, float]:
     """(speedup over plain decoding on `curve`, tokens per iteration). `breakdown` (a
     defaultdict of [0, 0, 0]) sums per kind of iteration (rows verified, how many accepted):
-    iterations, forwards' time beyond a plain step's, tokens accepted."""
+    iterations, forwards' time beyond a plain step's, tokens accepted. `trace`: a line per
+    iteration, the nodes sized in and accepted against how far the unsized proposal is followed."""
     drafter = drafter_for(engine, data, own_long, store_long, hindsight_choice)
     t_spec = t_plain = 0.0
     n_iterations = n_tokens = 0
@@ -102,8 +104,13 @@ def replay(engine: Engine, data: dict, curve, own_long, store_long,
             here = curve.at(len(context))
             budget = Budget(here, 8).within(len(answer) - pos - 1)
             drafter.future = answer[pos:]  # read by HindsightChoice only
-            tree = budget.size(drafter.propose(context, budget))
+            proposal = drafter.propose(context, budget)
+            tree = budget.size(proposal)
             n = tree.walk(answer[pos:])[0] if len(tree) else 0
+            if trace:
+                followed = proposal.walk(answer[pos:])[0] if len(proposal) else 0
+                print(f"    {turn['id']} at {pos}: sized {len(tree)}, accepted {n}; "
+                      f"proposed {len(proposal)}, followed {followed}")
             t_spec += here.cost(1 + len(tree))
             t_plain += here.cost(1) * (n + 1)
             if breakdown is not None and len(tree):
@@ -161,6 +168,8 @@ def main() -> None:
                    help="take the source whose sized tree the text follows further")
     s.add_argument("--breakdown", action="store_true",
                    help="per kind of iteration (rows drafted, accepted): time spent against tokens won")
+    s.add_argument("--trace", action="store_true",
+                   help="per iteration: nodes sized in and accepted, against how far the unsized proposal is followed")
     a = p.parse_args()
     engine = Engine(EngineConfig(model=a.model, threads=a.threads, store=":memory:"))
     if a.command == "record":
@@ -171,7 +180,7 @@ def main() -> None:
         data = json.loads(path.read_text())
         for name, curve in curves.items():
             kinds = defaultdict(lambda: [0, 0.0, 0]) if a.breakdown else None
-            speedup, tau = replay(engine, data, curve, a.own_long, a.store_long, kinds, a.choose_in_hindsight)
+            speedup, tau = replay(engine, data, curve, a.own_long, a.store_long, kinds, a.choose_in_hindsight, a.trace)
             best = hindsight(engine, data, curve, a.own_long, a.store_long)
             print(f"{path.stem}  {name}: {speedup:.3f}x plain, {tau:.2f} tokens an iteration; "
                   f"sized in hindsight {best:.3f}x", flush=True)
