@@ -67,6 +67,14 @@ def small_path(test_models):
 
 
 @pytest.fixture(scope="session")
+def tiny_moe_path(tmp_path_factory, small_path):
+    """A tiny random-weight qwen3moe (random_gguf.py) with SmolLM2's tokenizer: a real llama.cpp
+    model whose forwards take a millisecond, for what does not depend on what weights say."""
+    from random_gguf import make
+    return make("qwen3moe", "tiny", tmp_path_factory.mktemp("moe") / "qwen3moe.gguf", tokenizer=small_path)
+
+
+@pytest.fixture(scope="session")
 def qwen_path(test_models):
     return test_models[QWEN_SMALL]
 

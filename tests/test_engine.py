@@ -234,16 +234,14 @@ def test_cost_curve_is_measured_once_and_cached(small_model, tmp_path, monkeypat
         assert curve.per_context == () and curve.at(4096) is curve  # too small a context to tell
 
 
-def test_cost_curve_measures_what_context_adds(small_path, tmp_path, monkeypatch):
+def test_cost_curve_measures_what_context_adds(tiny_moe_path, tmp_path, monkeypatch):
     """On a tiny random-weight model (three measurements, each with a long context's prefill:
     half a minute of SmolLM2's)."""
-    from random_gguf import make
-
     from localspec.llama import Model
     from localspec.llama.measure import cost_curve
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
-    with Model(make("qwen3moe", "tiny", tmp_path / "tiny.gguf", tokenizer=small_path)) as model:
+    with Model(tiny_moe_path) as model:
         # 1024: the long context is 1018 tokens, enough to tell (measure.long_context)
         with Context(model, ContextConfig(n_ctx=1024, n_threads=2)) as ctx:
             curve = cost_curve(ctx, max_batch=6, repeats=2)
@@ -606,15 +604,13 @@ def test_a_curve_from_another_machine_as_json_or_as_the_printed_table(tmp_path, 
 
 
 def test_a_new_model_starts_on_a_quick_curve_and_measures_the_whole_one_between_requests(
-        small_path, tmp_path, monkeypatch):
+        tiny_moe_path, tmp_path, monkeypatch):
     """A first start plans on a coarse curve measured in seconds; the whole curve is measured
     in a context of its own between requests, a forward at a time, without touching what they
     answer, then cached and planned on (by the same LiveCurve every drafter's budget holds).
     On a tiny random-weight model: the whole curve is some 400 forwards of up to 64 rows, a
     minute of SmolLM2's on two cores, and nothing here depends on what the weights say."""
     import json
-
-    from random_gguf import make
 
     from localspec.drafters.spec import DrafterSpec
     from localspec.engine import Engine, EngineConfig, Request
@@ -626,8 +622,7 @@ def test_a_new_model_starts_on_a_quick_curve_and_measures_the_whole_one_between_
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
     # The whole measurement, each size timed fewer times: its steps and turns are the same.
     monkeypatch.setattr(planning, "measure", functools.partial(measure, repeats=2))
-    model = make("qwen3moe", "tiny", tmp_path / "tiny.gguf", tokenizer=small_path)
-    config = EngineConfig(model=str(model), n_ctx=512, threads=2, drafter=DrafterSpec("lookup"),
+    config = EngineConfig(model=str(tiny_moe_path), n_ctx=512, threads=2, drafter=DrafterSpec("lookup"),
                           refine_curve=True)
     request = Request(prompt="Count from 1 to 40: 1, 2, 3,", sampling=SamplingConfig(temperature=0.0), max_tokens=24)
     engine = Engine(config)

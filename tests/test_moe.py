@@ -12,16 +12,14 @@ from localspec.drafters.spec import NONE, DrafterSpec
 from localspec.engine import Engine, EngineConfig
 from localspec.sampling import SamplingConfig
 
-from random_gguf import make
 from test_speculative import PROMPTS
 
 GREEDY = SamplingConfig(temperature=0.0)
 
 
 @pytest.fixture(scope="module")
-def moe_engine(tmp_path_factory, small_path):
-    path = make("qwen3moe", "tiny", tmp_path_factory.mktemp("moe") / "qwen3moe.gguf", tokenizer=small_path)
-    engine = Engine(EngineConfig(model=str(path), n_ctx=2048, threads=2))
+def moe_engine(tiny_moe_path):
+    engine = Engine(EngineConfig(model=str(tiny_moe_path), n_ctx=2048, threads=2))
     yield engine
     engine.close()
 

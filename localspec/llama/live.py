@@ -76,8 +76,7 @@ class LiveCurve:
         n = len(base.seconds)
         self.log_ratio = [[0.0] * n, [0.0] * n]
         self.count = [[0.0] * n, [0.0] * n]
-        self._factors: np.ndarray | None = np.ones((2, n))
-        self._applied = [[0.0] * n, [0.0] * n]  # log of the factors: the correction planned with
+        self._factors: np.ndarray | None = np.ones((2, n))  # None: to be recomputed (factors())
         self._base: dict[int, np.ndarray] = {}  # base.unpadded_at() by stretch of context
         self._at: dict[tuple[int, int], tuple[CostCurve, np.ndarray]] = {}  # _plan() by stretch of context and last shape
         self._stray = [[0.0] * n, [0.0] * n]  # per size: forwards, sum of log(seen / base)
@@ -118,9 +117,11 @@ class LiveCurve:
         count = min(self.count[kind][i] + 1, self.memory)
         lr += (r - lr) / count
         self.count[kind][i], self.log_ratio[kind][i] = count, lr
-        # A size seen for the first time was planned with its neighbours' correction: compared
-        # with that, not replanned for every new size (a replan took 0.25 ms of a CPU iteration).
-        if not abs(lr * count / (count + self.shrink) - self._applied[kind][i]) <= TOLERANCE:
+        # Held against the correction the plan used for this size (a size seen for the first
+        # time: its neighbours'), not replanned for every new size (a replan took 0.25 ms of a
+        # CPU iteration); where the factors wait to be recomputed, the next plan sees it anyway.
+        if self._factors is not None and \
+                not abs(lr * count / (count + self.shrink) - math.log(self._factors[kind, i])) <= TOLERANCE:
             self._factors = None
             self._at.clear()
 
@@ -167,7 +168,7 @@ class LiveCurve:
                 seen = np.flatnonzero(own | other)
                 if len(seen):
                     factors[kind] = np.exp(np.interp(np.arange(len(known)), seen, known[seen]))
-            self._factors, self._applied = factors, np.log(factors).tolist()
+            self._factors = factors
         return self._factors
 
     def pad_to(self, n: int, n_context: int) -> int:
