@@ -9,9 +9,9 @@ Beside it, what the same proposals allow sized in hindsight (hindsight()), and w
 `--own-long` / `--store-long` set the priors of 12-, 16- and 24-token matches (MatchAcceptance)
 to compare settings on the same answers (with several recordings, their geometric mean per
 curve: one recording's answers are few enough that a small change in sizing moves it by 1-2%
-either way); `--choose-in-hindsight` has the drafter take whichever
-source's sized tree (the request's own text or the store) the text follows further, where it
-would take the one it predicts pays more (what that choice is worth at most).
+either way); `--choose-in-hindsight` has the drafter take whichever source's sized tree (the
+request's own text or the store) the text follows further, where it would take the one it
+predicts pays more (what that choice is worth at most).
 
     .venv/bin/python scripts/replay_drafts.py record chat-session 4 /tmp/chat.json
     .venv/bin/python scripts/replay_drafts.py replay /tmp/chat.json /tmp/edit.json \\
@@ -20,7 +20,7 @@ would take the one it predicts pays more (what that choice is worth at most).
 
 import argparse
 import json
-import math
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -179,7 +179,7 @@ def main() -> None:
         record(engine, a.workload, a.limit, a.out)
         return
     curves = {Path(c).stem: read_curve(Path(c)) for c in a.curve} or {"this machine": engine.planning.prepare()}
-    logs = defaultdict(lambda: [0.0, 0.0])  # per curve: sum of log speedups, sized and in hindsight
+    speedups = defaultdict(list)  # per curve: (sized, in hindsight) per recording
     for path in a.files:
         data = json.loads(path.read_text())
         for name, curve in curves.items():
@@ -188,15 +188,14 @@ def main() -> None:
             best = hindsight(engine, data, curve, a.own_long, a.store_long)
             print(f"{path.stem}  {name}: {speedup:.3f}x plain, {tau:.2f} tokens an iteration; "
                   f"sized in hindsight {best:.3f}x", flush=True)
-            logs[name][0] += math.log(speedup)
-            logs[name][1] += math.log(best)
+            speedups[name].append((speedup, best))
             for kind, (iterations, extra, tokens) in sorted((kinds or {}).items()):
                 print(f"    {kind}: {iterations} iterations, {extra:.1f} forwards' time more than "
                       f"plain steps, {tokens} tokens accepted, net {tokens - extra:+.1f}")
     if len(a.files) > 1:  # one figure per curve: a change that helps one recording and costs another shows
-        for name, (sized, best) in logs.items():
-            print(f"geometric mean of {len(a.files)}  {name}: {math.exp(sized / len(a.files)):.3f}x plain; "
-                  f"sized in hindsight {math.exp(best / len(a.files)):.3f}x")
+        for name, pairs in speedups.items():
+            sized, best = (statistics.geometric_mean(column) for column in zip(*pairs))
+            print(f"geometric mean of {len(pairs)}  {name}: {sized:.3f}x plain; sized in hindsight {best:.3f}x")
 
 
 if __name__ == "__main__":
