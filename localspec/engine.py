@@ -320,6 +320,11 @@ class Engine:
         """One line on where the target runs."""
         return where(self.model, self.ctx.config.n_threads or default_threads())
 
+    def turn(self) -> contextlib.AbstractContextManager:
+        """A request's turn on the engine for a caller that drives its context itself (the
+        synthetic bench): the cost curve's measurement in the background waits for its end."""
+        return self._requests.turn()
+
     def prepare(self, spec: DrafterSpec | None = None) -> None:
         """Load, build and measure what requests with `spec` (the engine's drafter by default)
         need, now rather than inside the first of them."""

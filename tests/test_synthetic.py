@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from conftest import RECORDED_CURVE
@@ -49,6 +51,24 @@ def test_synthetic_runs_are_plain_decodings_output_at_the_rates(small_path):
     saved = synthetic.to_json(sure, [1.0] * 4, [], {"workload": "test"})  # --json
     assert [c["name"] for c in saved["configs"]] == [a.name for a in sure] and saved["meta"]["rates"] == [1.0] * 4
     assert saved["configs"][1]["by_batch"]["5"]["iterations"] == sum(1 for s in chain.steps if s[0] == 5)
+
+
+def test_the_background_curve_measurement_waits_for_the_synthetic_runs(small_path):
+    """The runs drive the engine's context themselves: they hold the engine's request turn, so
+    the whole cost curve's measurement, which goes on once the engine has idled a second, does
+    not run its forwards beside theirs (it did: every figure of a first start was slowed)."""
+    engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=1, store="off", n_seq_max=5,
+                                 refine_curve=True))
+    try:
+        engine.prepare()  # a coarse curve: its whole measurement waits for an idle second
+        prompt = engine.model.tokenize("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n")
+        t0 = time.monotonic()
+        arms = synthetic.run_synthetic(engine, [prompt], [0.5] * 4, 48)
+        assert time.monotonic() - t0 > 2.0  # long enough for the measurement to have begun
+        assert not engine.planning.refining.is_set()
+    finally:
+        engine.close()
+    assert all(arm.identical == arm.runs == 1 for arm in arms)
 
 
 def test_llama_cpp_loop_at_the_same_rates(small_path):
