@@ -53,8 +53,9 @@ def main() -> None:
     _native.decode = timed_decode
     probe = cold_probe() if a.cold else None
     extra = {} if a.argmax is None else {"sample_on_device": a.argmax == "device"}
-    engine = Engine(EngineConfig(model=a.model, threads=a.threads, store=":memory:", **extra))
-    engine.planning.prepare()  # the cost curve, measured before any run is timed
+    # the whole cost curve, measured before any run is timed (not beside them, between requests)
+    engine = Engine(EngineConfig(model=a.model, threads=a.threads, store=":memory:", whole_curve=True, **extra))
+    engine.planning.prepare()
     prompts = [prompt_tokens(engine, p) for p in workloads.load(a.workload, a.limit)]
     for label in a.drafters:
         spec = DrafterSpec.parse(label)
