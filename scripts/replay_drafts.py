@@ -174,7 +174,8 @@ def main() -> None:
     s.add_argument("--trace", action="store_true",
                    help="per iteration: nodes sized in and accepted, against how far the unsized proposal is followed")
     a = p.parse_args()
-    engine = Engine(EngineConfig(model=a.model, threads=a.threads, store=":memory:", whole_curve=True))  # measured before, not beside
+    # whole_curve: this machine's curve measured before a replay, not in the background beside it
+    engine = Engine(EngineConfig(model=a.model, threads=a.threads, store=":memory:", whole_curve=True))
     if a.command == "record":
         record(engine, a.workload, a.limit, a.out)
         return
