@@ -9,6 +9,7 @@ import pytest
 from conftest import RECORDED_CURVE
 from localspec.bench import synthetic
 from localspec.engine import Engine, EngineConfig
+from localspec.llama import planning
 from localspec.errors import LocalspecError
 
 
@@ -53,18 +54,19 @@ def test_synthetic_runs_are_plain_decodings_output_at_the_rates(small_path):
     assert saved["configs"][1]["by_batch"]["5"]["iterations"] == sum(1 for s in chain.steps if s[0] == 5)
 
 
-def test_the_background_curve_measurement_waits_for_the_synthetic_runs(small_path):
+def test_the_background_curve_measurement_waits_for_the_synthetic_runs(small_path, monkeypatch):
     """The runs drive the engine's context themselves: they hold the engine's request turn, so
-    the whole cost curve's measurement, which goes on once the engine has idled a second, does
+    the whole cost curve's measurement, which goes on once the engine has idled a while, does
     not run its forwards beside theirs (it did: every figure of a first start was slowed)."""
+    monkeypatch.setattr(planning, "REFINE_IDLE", 0.2)
     engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=1, store="off", n_seq_max=5,
                                  refine_curve=True))
     try:
-        engine.prepare()  # a coarse curve: its whole measurement waits for an idle second
+        engine.prepare()  # a coarse curve: its whole measurement waits for the engine to idle
         prompt = engine.model.tokenize("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n")
         t0 = time.monotonic()
-        arms = synthetic.run_synthetic(engine, [prompt], [0.5] * 4, 48)
-        assert time.monotonic() - t0 > 2.0  # long enough for the measurement to have begun
+        arms = synthetic.run_synthetic(engine, [prompt], [0.5] * 4, 32)
+        assert time.monotonic() - t0 > 1.0  # (some 130 forwards) long past the idle wait
         assert not engine.planning.refining.is_set()
     finally:
         engine.close()
