@@ -160,7 +160,9 @@ def against_server(path: str, a: argparse.Namespace) -> None:
     engine.prepare()
     problems = read_problems()
     prompts = [engine.model.tokenize(problems[k]["prompt"]) for k in sorted(problems)[:8]]
-    minimal = make_context(engine.model, argparse.Namespace(**{**vars(a), "depth": 1024}))
+    # the engine's context less what speculation adds (sequences, padding): one sequence, logits
+    minimal = Context(engine.model, ContextConfig(n_ctx=engine.ctx.n_ctx, n_threads=a.threads,
+                                                  flash_attn=engine.ctx.config.flash_attn))
     server = ServerAnchor("llama-server plain", Path(path), None, engine.ctx.n_ctx, a.threads, [])
 
     def ours(p):
