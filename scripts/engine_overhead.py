@@ -14,13 +14,16 @@ llama-server's own timing (predicted_ms, the bench's anchor) against the client'
 the first streamed token to the last. `--against-server`: instead, the bench's own plain
 requests (the engine as `localspec bench` builds it, `--drafter none`) against llama-server's
 on the same HumanEval prompts, and beside them the engine's context and a minimal one (one
-sequence, nothing but logits) driven by the loop alone, request by request in rotating order, each pair's ratio kept (a bootstrap interval of
-their median): where llama-server's plain lead comes from, if anywhere.
+sequence, nothing but logits) driven by the loop alone (`--with-llama-bench`: and llama-bench's
+tg after the prompt's length, a process per request), request by request in rotating order,
+each pair's ratio kept (a bootstrap interval of their median): where llama-server's plain lead
+comes from, if anywhere.
 
     python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 128 --rounds 5 [--depth 200 --seqs 8]
     python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 64 --rounds 8 --depth 200 --seqs 1,8
     python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 96 --rounds 6 --server-clock
     python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 60 --sample-on 0
+    python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 64 --rounds 24 --against-server
 """
 
 import argparse
@@ -186,7 +189,11 @@ def against_server(path: str, a: argparse.Namespace) -> None:
             raise SystemExit(run.failed)
         return run.n_timed / run.seconds
 
-    arms = {"llama-server": theirs, "engine": ours, **{name: loop_only(ctx) for name, ctx in contexts.items()}}
+    def bench(p):  # a process of its own per request that only decodes, after the prompt's length
+        return llama_bench_tps(a.bench, path, a.n, a.threads, a.flash_attn, len(p))
+
+    arms = {"llama-server": theirs, "engine": ours, **{name: loop_only(ctx) for name, ctx in contexts.items()},
+            **({"llama-bench": bench} if a.with_llama_bench else {})}
     rates: dict[str, list[float]] = {name: [] for name in arms}
     try:
         for name, f in arms.items():
@@ -228,6 +235,7 @@ def main() -> None:
     ap.add_argument("--server-clock", action="store_true", help="llama-server's timing against the client's clock")
     ap.add_argument("--against-server", action="store_true",
                     help="the bench's plain requests against llama-server's and two contexts' driven alone")
+    ap.add_argument("--with-llama-bench", action="store_true", help="--against-server: llama-bench's tg too")
     ap.add_argument("--sample-on", type=int, default=None, metavar="K",
                     help="host rows against the graph's sampler (K 0: argmax, else top-K)")
     a = ap.parse_args()
