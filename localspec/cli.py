@@ -423,8 +423,8 @@ def bench_synthetic(a: argparse.Namespace) -> None:
     cfg = pulled_config(a, [DrafterSpec("lookup")])  # a speculating engine, which loads nothing more
     # trees of K + 1 leaves; chains of K on a recurrent target (rolled back by up to K, --rollback)
     # whole_curve: measured before anything is timed, as the workload bench does (a coarse curve
-    # is measured whole in the background once the engine idles, and the synthetic runs, which
-    # drive the loop themselves, look idle to it: its forwards ran beside theirs)
+    # is measured whole in the background once the engine idles, as it does while the
+    # llama-server anchor runs; run_synthetic holds the engine's turn for its own runs)
     cfg = replace(cfg, n_seq_max=max(cfg.n_seq_max, len(rates) + 1), store=StoreSetting("off"),
                   rollback=cfg.rollback and max(cfg.rollback, len(rates)), whole_curve=True)
     engine = Engine(cfg, progress=StderrProgress())

@@ -27,6 +27,7 @@ comes from, if anywhere.
 """
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -60,11 +61,15 @@ def make_context(model: Model, a: argparse.Namespace, **config) -> Context:
 
 
 def localspec_tps(ctx: Context, n: int, depth: int) -> float:
+    text = ctx.model.tokenize("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * (depth // 8 + 1))
+    return plain_tps(ctx, text[:max(1, depth)], n + 1, stop_at_eog=False)
+
+
+def plain_tps(ctx: Context, prompt: list[int], max_tokens: int, stop_at_eog: bool = True) -> float:
+    """The loop's plain greedy decoding of `prompt` on a cold `ctx`: tokens/s after the first."""
     ctx.clear()
     stats = Stats()
-    text = ctx.model.tokenize("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * (depth // 8 + 1))
-    generate(ctx, text[:max(1, depth)], n + 1, SamplingConfig(temperature=0), stop_at_eog=False,
-             stats=stats)
+    generate(ctx, prompt, max_tokens, SamplingConfig(temperature=0), stop_at_eog=stop_at_eog, stats=stats)
     return stats.predicted_per_second
 
 
@@ -160,8 +165,8 @@ def against_server(path: str, a: argparse.Namespace) -> None:
     from localspec.engine import Engine, EngineConfig
 
     greedy = SamplingConfig(temperature=0)
-    engine = Engine(EngineConfig(model=path, threads=a.threads, store=StoreSetting("off"), refine_curve=False))
-    engine.prepare()
+    # (plain requests load no drafter and measure no curve: nothing runs beside them)
+    engine = Engine(EngineConfig(model=path, threads=a.threads, store=StoreSetting("off")))
     problems = read_problems()
     prompts = [engine.model.tokenize(problems[k]["prompt"]) for k in sorted(problems)[:8]]
     # The engine's context as it is (its sequences for draft trees), and less what speculation
@@ -175,14 +180,6 @@ def against_server(path: str, a: argparse.Namespace) -> None:
         _, run = run_ours(engine, p, DrafterSpec.parse("none"), a.n, greedy)
         return run.n_timed / run.seconds
 
-    def loop_only(ctx: Context):
-        def rate(p):
-            ctx.clear()
-            stats = Stats()
-            generate(ctx, p, a.n, greedy, stats=stats)
-            return stats.predicted_per_second
-        return rate
-
     def theirs(p):
         run, _ = server.run(None, p, a.n, greedy)
         if run.failed:
@@ -192,8 +189,8 @@ def against_server(path: str, a: argparse.Namespace) -> None:
     def bench(p):  # a process of its own per request that only decodes, after the prompt's length
         return llama_bench_tps(a.bench, path, a.n, a.threads, a.flash_attn, len(p))
 
-    arms = {"llama-server": theirs, "engine": ours, **{name: loop_only(ctx) for name, ctx in contexts.items()},
-            **({"llama-bench": bench} if a.with_llama_bench else {})}
+    alone = {name: functools.partial(plain_tps, ctx, max_tokens=a.n) for name, ctx in contexts.items()}
+    arms = {"llama-server": theirs, "engine": ours, **alone, **({"llama-bench": bench} if a.with_llama_bench else {})}
     rates: dict[str, list[float]] = {name: [] for name in arms}
     try:
         for name, f in arms.items():
