@@ -13,18 +13,22 @@
 # The log, the JSON and the cost curves land in $OUT (a device call brings back 8 files).
 #   run(command="bash scripts/gpu-check.sh", carry=[".gpu"], timeout_s=590)
 # QUICK=1: the 7B alone (no MoE, no shapes-off run), for a second call in a short budget.
+# REHEARSE=1: on the development machine, every step as written but on the CPU, without the
+# build (the checkout's .venv), SmolLM2 standing in for the 7B and the tiny MoE for the 30B:
+# a flag renamed since the last device run shows here, not in the device's minutes.
 set -u
 case "${1:-}" in -h|--help)  # usage: the comment block above
   awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0;; esac
 S=$(date +%s); el() { echo "[$(( $(date +%s) - S ))s] $*"; }
 G=$PWD/.gpu; O=${OUT:-/tmp/out}; mkdir -p $O
-V=/tmp/v/bin; export LOCALSPEC_HOME=/tmp/lshome PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+V=/tmp/v/bin; HYBRID=1b
+if [ -n "${REHEARSE:-}" ]; then  # (the stand-in resolved from the user's own home first)
+  G=$PWD/../shared/gpu; V=$PWD/.venv/bin; HYBRID=tiny; rm -rf $O/* /tmp/lshome
+  SMOL=$($V/python -c "from localspec import store; print(store.resolve('smollm2-135m-instruct'))") || exit 1
+fi
+export LOCALSPEC_HOME=/tmp/lshome PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 exec > >(tee -a $O/log.txt) 2>&1
-el start; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc
-python3 -m venv /tmp/v
-python3 -c 'import site; print(site.getsitepackages()[0])' > $(echo /tmp/v/lib/python3*/site-packages)/base.pth
-$V/pip install -q --no-index --find-links $G/whl fastapi uvicorn gguf platformdirs textual jinja2 rich diskcache 2>&1 | tail -2
-mkdir -p /tmp/models /tmp/lcp && tar xzf $G/llama-cpp-python.tar.gz -C /tmp/lcp
+el start; nproc
 # The makers' random bytes give each quant block weights of one sign and sub-scales up to 127:
 # on CUDA a longer prompt's attention then overflows half precision, the prompt's last row has
 # NaN logits and every request leaves the device path (2026-11-27). Zero-mean blocks with small
@@ -33,7 +37,16 @@ mkdir -p /tmp/models /tmp/lcp && tar xzf $G/llama-cpp-python.tar.gz -C /tmp/lcp
 tame() { sed -e 's/b\[:, 2:4\] = f16(2e-4)/b[:, 2:4] = f16(1.5e-3); b[:, 4:16] = 0x11/' \
              -e 's/b\[:, -2:\] = f16(1e-4)/b[:, -2:] = f16(1e-4); b[:, 192:208] = 12/' $G/$1 > /tmp/$1
   grep -q "0x11" /tmp/$1 && grep -q "192:208" /tmp/$1 || { echo "tame: $1 changed"; exit 1; }; }
-tame make_model.py; tame make_moe.py
+mkdir -p /tmp/models; tame make_model.py; tame make_moe.py
+if [ -n "${REHEARSE:-}" ]; then
+  ln -sf "$SMOL" /tmp/models/rand-7b.gguf
+  $V/python /tmp/make_moe.py $G/qwen15-skel.gguf tiny /tmp/models/rand-moe.gguf > /tmp/models.log 2>&1; MODELS=
+else
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -m venv /tmp/v
+python3 -c 'import site; print(site.getsitepackages()[0])' > $(echo /tmp/v/lib/python3*/site-packages)/base.pth
+$V/pip install -q --no-index --find-links $G/whl fastapi uvicorn gguf platformdirs textual jinja2 rich diskcache 2>&1 | tail -2
+mkdir -p /tmp/lcp && tar xzf $G/llama-cpp-python.tar.gz -C /tmp/lcp
 ( $V/python /tmp/make_model.py $G/qwen15-skel.gguf 7b /tmp/models/rand-7b.gguf
   [ -n "${QUICK:-}" ] || $V/python /tmp/make_moe.py $G/qwen15-skel.gguf 30b-a3b /tmp/models/rand-moe.gguf ) > /tmp/models.log 2>&1 &
 MODELS=$!
@@ -43,7 +56,8 @@ CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCH
 el "llama-cpp-python built"
 $V/pip install -v --no-index --no-build-isolation --no-deps -e . > /tmp/native.log 2>&1 \
   || { el "localspec install failed"; tail -30 /tmp/native.log; exit 1; }
-el "localspec installed"; wait $MODELS; cat /tmp/models.log  # (a bare wait would wait for tee too)
+fi
+el "localspec installed"; [ -z "$MODELS" ] || wait $MODELS; cat /tmp/models.log  # (a bare wait would wait for tee too)
 L=$V/localspec
 $L generate -m /tmp/models/rand-7b.gguf --max-tokens 8 --drafter none "def f(x):" 2>&1 | grep -E "^localspec:|tokens/s"
 B="bench --workload code-edit --limit 3 --max-tokens 128 -m /tmp/models/rand-7b.gguf"
@@ -81,7 +95,7 @@ el "Jakiro trees on the device (a step against the target's forward)"
 # Hybrids (issue 47): a 1B-shaped qwen35 whose text repeats (--quiet), lookup's chains with the
 # recurrent state undone from checkpoints (the default) and rolled back on the device
 # (--rollback 8); which is faster here; every output against plain decoding.
-$V/python tests/random_gguf.py qwen35 1b /tmp/models/q35.gguf --repeats --quiet 0.1 --tokenizer $G/qwen15-skel.gguf > /dev/null
+$V/python tests/random_gguf.py qwen35 $HYBRID /tmp/models/q35.gguf --repeats --quiet 0.1 --tokenizer $G/qwen15-skel.gguf > /dev/null
 for rb in 0 8; do
   echo "--rollback $rb"
   timeout 40 $L bench -m /tmp/models/q35.gguf --workload code-edit --limit 2 --max-tokens 64 --rollback $rb \
