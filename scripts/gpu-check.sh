@@ -15,8 +15,7 @@
 # QUICK=1: the 7B alone (no MoE, no shapes-off run), for a second call in a short budget.
 # REHEARSE=1: on the development machine, every step as written but on the CPU, without the
 # build (the checkout's .venv), SmolLM2 standing in for the 7B, tiny random ones for the MoE and the
-# 1B hybrid:
-# a flag renamed since the last device run shows here, not in the device's minutes.
+# 1B hybrid: a flag renamed since the last device run shows here, not in the device's minutes.
 set -u
 case "${1:-}" in -h|--help)  # usage: the comment block above
   awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0;; esac
