@@ -42,8 +42,10 @@ def simulate(cascade: Cascade, utility, n: int, watched: tuple[str, ...] = ()) -
 
 
 def peaked(best_k: int, top: float, fall: float = 0.12, ladder=CascadeConfig().ladder):
-    """Utility falling by `fall` per ladder step away from best_k."""
-    return lambda k: top * (1 - fall) ** abs(ladder.index(k) - ladder.index(best_k))
+    """Utility falling by `fall` per ladder step away from best_k (a K off the ladder: its
+    nearest step's)."""
+    step = lambda k: min(range(len(ladder)), key=lambda i: abs(ladder[i] - k))  # noqa: E731
+    return lambda k: top * (1 - fall) ** abs(step(k) - step(best_k))
 
 
 def set_phases(cascade: Cascade) -> list[tuple[tuple, int]]:
@@ -300,7 +302,7 @@ def test_a_free_drafter_starts_uncapped_a_timed_one_at_its_predicted_k():
 
     curve = CostCurve([0.1 * (1 + 0.05 * n) for n in range(64)], 0)
     auto = CascadeController({"lookup": LookupDrafter(), "model": Costly()}, curve, 8)
-    assert auto.cascade.k_start("lookup") == CascadeConfig().ladder[-1]
+    assert auto.cascade.k_start("lookup") == len(curve.seconds) - 1 > CascadeConfig().ladder[-1]
     assert 1 <= auto.cascade.k_start("model") < CascadeConfig().ladder[-1]
     assert auto.cascade.sizes_itself("lookup") and not auto.cascade.sizes_itself("model")
 
@@ -312,7 +314,7 @@ def test_a_drafter_that_sizes_itself_is_never_climbed():
     a cap is climbed to the K that pays best."""
     landscape = peaked(6, 2.0)
     arms = lambda cascade: {a for a in simulate(cascade, lambda arm, i: landscape(arm[1]), 300) if a != PLAIN}
-    assert arms(Cascade(["lookup"], predict_k=lambda d: 64, sizes_itself=lambda d: True)) == {("lookup", 48)}
+    assert arms(Cascade(["lookup"], predict_k=lambda d: 64, sizes_itself=lambda d: True)) == {("lookup", 64)}
     assert ("lookup", 6) in arms(Cascade(["lookup"], predict_k=lambda d: 64))
 
 

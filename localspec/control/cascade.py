@@ -351,9 +351,11 @@ class Cascade:
         return None
 
     def k_start(self, drafter: str) -> int:
-        """The K with the best recent utility, else the cost curve's prediction."""
+        """The K with the best recent utility, else the cost curve's prediction: the ladder's
+        nearest step, but as it is for a drafter that sizes its own proposals (the largest
+        the curve prices: the ladder's top, 48, had cut their sure copies short of 64 rows)."""
         seen = self.memory[drafter].utility
         if seen:
             return max(seen, key=seen.get)
         k = self.predict_k(drafter)
-        return min(self.cfg.ladder, key=lambda x: abs(x - k))
+        return k if self.sizes_itself(drafter) else min(self.cfg.ladder, key=lambda x: abs(x - k))
