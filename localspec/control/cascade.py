@@ -351,9 +351,9 @@ class Cascade:
         return None
 
     def k_start(self, drafter: str) -> int:
-        """The K with the best recent utility, else the cost curve's prediction: the ladder's
-        nearest step, but as it is for a drafter that sizes its own proposals (the largest
-        the curve prices: the ladder's top, 48, had cut their sure copies short of 64 rows)."""
+        """The K with the best recent utility, else the cost curve's prediction, on the ladder
+        for a drafter that is climbed; one that sizes its own proposals keeps the prediction
+        (the largest K the curve prices: the ladder's top, 48, had capped it below that)."""
         seen = self.memory[drafter].utility
         if seen:
             return max(seen, key=seen.get)
