@@ -70,6 +70,40 @@ def test_drafts_grow_as_deep_as_copies_run_and_stop_where_they_break():
     assert drafter.acceptance.rates()[0, 1] < 0.3  # after a 2-token match, depth 2 leaves
 
 
+VOLATILE = 999
+
+
+def text_with_a_volatile_token(run: int, n: int, seed: int = 0) -> list[int]:
+    """Like text_copying, but one token (VOLATILE, frequent in fresh text) never survives a
+    copy: the copy has a fresh token there (a counter, a name an edit changes)."""
+    rng = random.Random(seed)
+    fresh = lambda: VOLATILE if rng.random() < 0.08 else rng.randrange(1000, 30000)  # noqa: E731
+    text = [fresh() for _ in range(200)]
+    while len(text) < n:
+        start = rng.randrange(0, 150)
+        text += [rng.randrange(1000, 30000) if t == VOLATILE else t for t in text[start:start + run]] + [fresh()]
+    return text
+
+
+def test_drafts_learn_the_tokens_copies_break_at():
+    """Where the text leaves copies at one token, drafts learn to stop before it: its factor
+    falls, the other tokens' stay near 1, and the same text costs fewer forwards' time than
+    with the factors held at 1 (depth rates alone)."""
+    text = text_with_a_volatile_token(run=24, n=2400)
+    tokens_per_second = []
+    for token_weight in (LookupDrafter().acceptance.TOKEN_WEIGHT, 1e12):  # 1e12: every factor 1
+        drafter = LookupDrafter()
+        drafter.acceptance.TOKEN_WEIGHT = token_weight
+        steps = decode(drafter, text, begin=200)
+        late = steps[len(steps) // 2:]
+        tokens_per_second.append(sum(n + 1 for _, n in late) / sum(CURVE.cost(1 + k) for k, _ in late))
+        if token_weight < 1e12:
+            assert drafter.acceptance.token_factor(VOLATILE) < 0.3
+            others = [drafter.acceptance.token_factor(t) for t in set(text[300:400]) - {VOLATILE}]
+            assert 0.9 < np.mean(others) < 1.1
+    assert tokens_per_second[0] > 1.04 * tokens_per_second[1]  # +6-8% over seeds 0-3
+
+
 def test_a_long_match_is_drafted_long_before_any_evidence():
     """A fresh drafter at a 24-token match of a long copy (an answer re-emitting an earlier
     one) drafts deep at once where each node costs a tenth of a token: the long match's prior
