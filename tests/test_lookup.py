@@ -24,14 +24,20 @@ pytestmark = pytest.mark.unit
 CURVE = CostCurve(seconds=[1.0, 1.25, 1.5, 1.8] + [2.2] * 4 + [2.6] * 8 + [3.0] * 16, n_context=0)
 
 
-def text_copying(run: int, n: int, seed: int = 0) -> list[int]:
+def text_copying(run: int, n: int, seed: int = 0, volatile: int | None = None) -> list[int]:
     """Fresh tokens, then again and again a copy of `run` tokens of what came before, broken
-    by a fresh token (an edit: the copy is then matched again a few tokens later)."""
+    by a fresh token (an edit: the copy is then matched again a few tokens later). `volatile`:
+    a token frequent in fresh text that never survives a copy (the copy has a fresh token
+    there: a counter, a name an edit changes)."""
     rng = random.Random(seed)
-    text = [rng.randrange(1000, 30000) for _ in range(200)]
+
+    def fresh() -> int:
+        return volatile if volatile is not None and rng.random() < 0.08 else rng.randrange(1000, 30000)
+
+    text = [fresh() for _ in range(200)]
     while len(text) < n:
         start = rng.randrange(0, 150)
-        text += text[start:start + run] + [rng.randrange(1000, 30000)]
+        text += [rng.randrange(1000, 30000) if t == volatile else t for t in text[start:start + run]] + [fresh()]
     return text
 
 
@@ -73,23 +79,11 @@ def test_drafts_grow_as_deep_as_copies_run_and_stop_where_they_break():
 VOLATILE = 999
 
 
-def text_with_a_volatile_token(run: int, n: int, seed: int = 0) -> list[int]:
-    """Like text_copying, but one token (VOLATILE, frequent in fresh text) never survives a
-    copy: the copy has a fresh token there (a counter, a name an edit changes)."""
-    rng = random.Random(seed)
-    fresh = lambda: VOLATILE if rng.random() < 0.08 else rng.randrange(1000, 30000)  # noqa: E731
-    text = [fresh() for _ in range(200)]
-    while len(text) < n:
-        start = rng.randrange(0, 150)
-        text += [rng.randrange(1000, 30000) if t == VOLATILE else t for t in text[start:start + run]] + [fresh()]
-    return text
-
-
 def test_drafts_learn_the_tokens_copies_break_at():
     """Where the text leaves copies at one token, drafts learn to stop before it: its factor
     falls, the other tokens' stay near 1, and the same text costs fewer forwards' time than
     with the factors held at 1 (depth rates alone)."""
-    text = text_with_a_volatile_token(run=24, n=2400)
+    text = text_copying(run=24, n=2400, volatile=VOLATILE)
     tokens_per_second = []
     for token_weight in (LookupDrafter().acceptance.TOKEN_WEIGHT, 1e12):  # 1e12: every factor 1
         drafter = LookupDrafter()

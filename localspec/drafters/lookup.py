@@ -112,10 +112,9 @@ class MatchAcceptance:
         # reached, proposals waited, the copy's depth where it began].
         self._open: list[list] = []
         self._copied = 0  # tokens of an earlier proposal's copy the text has followed up to now
-        # Per draft token: the times the text followed it, and the times the depth rates said
-        # it would (never decayed: a token's evidence comes slowly).
-        self.token_followed: dict[int, float] = {}
-        self.token_expected: dict[int, float] = {}
+        # Per draft token: [the times the text followed it, the times the depth rates said it
+        # would] (never decayed: a token's evidence comes slowly).
+        self.token_counts: dict[int, list[float]] = {}
 
     def rates(self, bucket: int | slice = slice(None)) -> np.ndarray:
         """[bucket, depth bin] (one bucket's row where given): the chance the text follows a
@@ -172,8 +171,9 @@ class MatchAcceptance:
             reached[self.bin_of[depth]] += 1.0
 
     def _count_token(self, token: int, expected: float, followed: float) -> None:
-        self.token_followed[token] = self.token_followed.get(token, 0.0) + followed
-        self.token_expected[token] = self.token_expected.get(token, 0.0) + expected
+        counts = self.token_counts.setdefault(token, [0.0, 0.0])
+        counts[0] += followed
+        counts[1] += expected
 
     def tree(self, tokens: np.ndarray, parents: np.ndarray, counts: np.ndarray, n_match: int,
              n_occurrences: int) -> DraftTree:
@@ -186,10 +186,10 @@ class MatchAcceptance:
         rates, bin_of, copied = self.rates(bucket).tolist(), self.bin_of, self._copied
         parent_list, token_list = parents.tolist(), tokens.tolist()
         node_rates = [rates[bin_of[copied + d - 1]] for d in depths_of(parent_list)]  # before the tokens' factors
-        followed, expected, w, cap = self.token_followed.get, self.token_expected.get, self.TOKEN_WEIGHT, self.TOKEN_CAP
+        factor, cap = self.token_factor, self.TOKEN_CAP
         along: list[float] = []  # the chance the text follows the draft to each node
         for p, t, rate in zip(parent_list, token_list, node_rates):
-            r = rate * (followed(t, 0.0) + w) / (expected(t, 0.0) + w)  # token_factor, inlined: host time
+            r = rate * factor(t)
             if r > cap and r > rate:
                 r = max(rate, cap)
             along.append(r if p < 0 else along[p] * r)
@@ -202,5 +202,8 @@ class MatchAcceptance:
         """How much likelier the text is to follow a draft at this token than its depth's rate
         says: the times it did against the times the rates expected, from 1 (TOKEN_WEIGHT
         expected follows' worth of prior)."""
+        counts = self.token_counts.get(token)
+        if counts is None:
+            return 1.0
         w = self.TOKEN_WEIGHT
-        return (self.token_followed.get(token, 0.0) + w) / (self.token_expected.get(token, 0.0) + w)
+        return (counts[0] + w) / (counts[1] + w)
