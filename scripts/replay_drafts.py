@@ -9,25 +9,30 @@ Beside it, what the same proposals allow sized in hindsight (hindsight()), and w
 `--own-long` / `--store-long` set the priors of 12-, 16- and 24-token matches (MatchAcceptance)
 to compare settings on the same answers (with several recordings, their geometric mean per
 curve: one recording's answers are few enough that a small change in sizing moves it by 1-2%
-either way); `--choose-in-hindsight` has the drafter take whichever source's sized tree (the
+either way); `--set` changes a module's setting for the replay; `--choose-in-hindsight` has the drafter take whichever source's sized tree (the
 request's own text or the store) the text follows further, where it would take the one it
-predicts pays more (what that choice is worth at most).
+predicts pays more (what that choice is worth at most). `live` runs a workload's turns in
+the loop's own time, a drafter as localspec has it against with `--set` changes, alternated
+per turn: whether a gain replayed on a curve holds where the forwards are real.
 
     .venv/bin/python scripts/replay_drafts.py record chat-session 4 /tmp/chat.json
     .venv/bin/python scripts/replay_drafts.py replay /tmp/chat.json /tmp/edit.json \\
         --curve ../shared/gpu/curves/h200-qwen3moe-30b-a3b-q4_k_m.json
+    .venv/bin/python scripts/replay_drafts.py live edit-session 2 --set localspec.drafters.lookup.SHORT_CHAIN_COST=99
 """
 
 import argparse
+import importlib
 import json
 import statistics
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 from localspec.bench import workloads
-from localspec.bench.runner import answers_cache, run_ours, turns, warm_documents
+from localspec.bench.runner import answers_cache, near_tie, run_ours, turns, warm_documents
 from localspec.drafters.base import Budget
-from localspec.drafters.spec import DrafterSpec
+from localspec.drafters.spec import NONE, DrafterSpec
 from localspec.drafters.suffix import SuffixDrafter
 from localspec.engine import Engine, EngineConfig
 from localspec.llama.curve import read_curve
@@ -152,6 +157,80 @@ def hindsight(engine: Engine, data: dict, curve, own_long, store_long) -> float:
     return t_plain / t_best
 
 
+@contextmanager
+def changed(settings: list[str]):
+    """`module.NAME=value` settings in force (value typed as the setting's own), then undone."""
+    undo = []
+    for setting in settings:
+        path, value = setting.split("=", 1)
+        module_name, name = path.rsplit(".", 1)
+        module = importlib.import_module(module_name)
+        old = getattr(module, name)
+        undo.append((module, name, old))
+        setattr(module, name, type(old)(float(value)) if isinstance(old, (int, float)) else value)
+    try:
+        yield
+    finally:
+        for module, name, old in reversed(undo):
+            setattr(module, name, old)
+
+
+def live(engine: Engine, workload: str, limit: int, settings: list[str], drafter: str,
+         repeat: int, max_turns: int, max_tokens: int) -> None:
+    """Per turn of a workload: plain decoding, then `drafter` as localspec has it (A) and with
+    `settings` changed (B), `repeat` times in alternating order, the store rolled back before
+    each run and each arm learning from its own runs only (as the bench keeps configurations
+    apart); seconds per turn, and whether each differs from plain (at a measured tie or not)."""
+    spec, sampling = DrafterSpec.parse(drafter), SamplingConfig()
+    prompts, warm = workloads.load_warm(workload, limit)
+    store = engine.drafters.suffix_store()
+    for doc in warm_documents(engine, warm, max_tokens, answers_cache()):
+        store.add(doc)
+    drafters = engine.controller(spec).drafters
+    learnt = {arm: {id(d): d.learned() for d in drafters} for arm in "AB"}
+    seconds = {"plain": [], "A": [], "B": []}  # per turn, summed over its runs
+    n_turn = 0
+    for prompt in prompts:
+        steps = turns(engine, prompt)
+        tokens = next(steps)
+        while tokens is not None and (not max_turns or n_turn < max_turns):
+            mark = store.checkpoint()
+            plain, run = run_ours(engine, tokens, NONE, max_tokens, sampling)
+            took, after = {"plain": run.seconds * repeat, "A": 0.0, "B": 0.0}, {}
+            for r in range(repeat):
+                for arm in "AB" if r % 2 == 0 else "BA":
+                    store.rollback(mark)
+                    for d in drafters:
+                        d.relearn(learnt[arm][id(d)])
+                    with changed(settings if arm == "B" else []):
+                        out, run = run_ours(engine, tokens, spec, max_tokens, sampling)
+                    after[arm] = {id(d): d.learned() for d in drafters}  # the last repeat's
+                    if out != plain:
+                        at = next(i for i, (x, y) in enumerate(zip(out + [-1], plain + [-1])) if x != y)
+                        tie = "a measured near-tie" if near_tie(engine, tokens, plain, out) else "NOT A TIE"
+                        print(f"  {arm} differs from plain at token {at}: {tie}")
+                    took[arm] += run.seconds
+            learnt.update(after)  # each repeat ran from what its arm had learnt by the turn's start
+            for arm, s in took.items():
+                seconds[arm].append(s)
+            n_turn += 1
+            print(f"{prompt.id} turn {n_turn}: {len(tokens)} prompt tokens; seconds plain {took['plain']:.2f}, "
+                  f"A {took['A']:.2f}, B {took['B']:.2f}", flush=True)
+            store.rollback(mark)
+            answer = [t for t in plain if not engine.model.is_eog(t)]
+            store.add(answer)
+            try:
+                tokens = steps.send(engine.model.detokenize(answer)) if prompt.kind == "session" else None
+            except StopIteration:
+                tokens = None
+    total = {arm: sum(s) for arm, s in seconds.items()}
+    faster = sum(b < a_ for a_, b in zip(seconds["A"], seconds["B"]))
+    print(f"{n_turn} turns: A {total['plain'] / total['A']:.3f}x plain, B {total['plain'] / total['B']:.3f}x plain; "
+          f"B's speed / A's {total['A'] / total['B']:.3f} (B faster on {faster} of {n_turn} turns; "
+          f"median turn {statistics.median(x / y for x, y in zip(seconds['A'], seconds['B'])):.3f})")
+
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct")
@@ -171,32 +250,46 @@ def main() -> None:
                    help="take the source whose sized tree the text follows further")
     s.add_argument("--breakdown", action="store_true",
                    help="per kind of iteration (rows drafted, accepted): time spent against tokens won")
+    s.add_argument("--set", action="append", default=[], dest="settings", metavar="MODULE.NAME=VALUE",
+                   help="a setting changed for the replay, e.g. localspec.drafters.lookup.SHORT_CHAIN_COST=99")
     s.add_argument("--trace", action="store_true",
                    help="per iteration: nodes sized in and accepted, against how far the unsized proposal is followed")
+    v = sub.add_parser("live", help="a workload's turns run live: a drafter as it is against with --set changes")
+    v.add_argument("workload")
+    v.add_argument("limit", type=int, help="prompts (sessions) of the workload")
+    v.add_argument("--set", action="append", default=[], dest="settings", metavar="MODULE.NAME=VALUE")
+    v.add_argument("--drafter", default="auto")
+    v.add_argument("--repeat", type=int, default=2, help="runs of each arm per turn, in alternating order")
+    v.add_argument("--turns", type=int, default=0, help="stop after this many turns (0: all)")
+    v.add_argument("--max-tokens", type=int, default=128)
     a = p.parse_args()
     # whole_curve: this machine's curve measured before a replay, not in the background beside it
     engine = Engine(EngineConfig(model=a.model, threads=a.threads, store=":memory:", whole_curve=True))
     if a.command == "record":
         record(engine, a.workload, a.limit, a.out)
         return
+    if a.command == "live":
+        live(engine, a.workload, a.limit, a.settings, a.drafter, a.repeat, a.turns, a.max_tokens)
+        return
     curves = {Path(c).stem: read_curve(Path(c)) for c in a.curve} or {"this machine": engine.planning.prepare()}
     speedups = defaultdict(list)  # per curve: (sized, in hindsight) per recording
-    for path in a.files:
-        data = json.loads(path.read_text())
-        for name, curve in curves.items():
-            kinds = defaultdict(lambda: [0, 0.0, 0]) if a.breakdown else None
-            speedup, tau = replay(engine, data, curve, a.own_long, a.store_long, kinds, a.choose_in_hindsight, a.trace)
-            best = hindsight(engine, data, curve, a.own_long, a.store_long)
-            print(f"{path.stem}  {name}: {speedup:.3f}x plain, {tau:.2f} tokens an iteration; "
-                  f"sized in hindsight {best:.3f}x", flush=True)
-            speedups[name].append((speedup, best))
-            for kind, (iterations, extra, tokens) in sorted((kinds or {}).items()):
-                print(f"    {kind}: {iterations} iterations, {extra:.1f} forwards' time more than "
-                      f"plain steps, {tokens} tokens accepted, net {tokens - extra:+.1f}")
-    if len(a.files) > 1:  # one figure per curve: a change that helps one recording and costs another shows
-        for name, pairs in speedups.items():
-            sized, best = (statistics.geometric_mean(column) for column in zip(*pairs))
-            print(f"geometric mean of {len(pairs)}  {name}: {sized:.3f}x plain; sized in hindsight {best:.3f}x")
+    with changed(a.settings):  # for the whole replay
+        for path in a.files:
+            data = json.loads(path.read_text())
+            for name, curve in curves.items():
+                kinds = defaultdict(lambda: [0, 0.0, 0]) if a.breakdown else None
+                speedup, tau = replay(engine, data, curve, a.own_long, a.store_long, kinds, a.choose_in_hindsight, a.trace)
+                best = hindsight(engine, data, curve, a.own_long, a.store_long)
+                print(f"{path.stem}  {name}: {speedup:.3f}x plain, {tau:.2f} tokens an iteration; "
+                      f"sized in hindsight {best:.3f}x", flush=True)
+                speedups[name].append((speedup, best))
+                for kind, (iterations, extra, tokens) in sorted((kinds or {}).items()):
+                    print(f"    {kind}: {iterations} iterations, {extra:.1f} forwards' time more than "
+                          f"plain steps, {tokens} tokens accepted, net {tokens - extra:+.1f}")
+        if len(a.files) > 1:  # one figure per curve: a change that helps one recording and costs another shows
+            for name, pairs in speedups.items():
+                sized, best = (statistics.geometric_mean(column) for column in zip(*pairs))
+                print(f"geometric mean of {len(pairs)}  {name}: {sized:.3f}x plain; sized in hindsight {best:.3f}x")
 
 
 if __name__ == "__main__":

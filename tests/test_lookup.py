@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from localspec import _native
 from localspec.drafters.base import Budget
-from localspec.drafters.lookup import LookupDrafter
+from localspec.drafters.lookup import LookupDrafter, short_match_depth
 from localspec.llama.curve import CostCurve
 from localspec.sampling import SamplingConfig
 from localspec.verify import DraftTree
@@ -120,6 +120,27 @@ def test_a_match_with_no_room_to_draft_is_an_empty_tree():
     empty = np.zeros(0, np.int32)
     assert len(acceptance.tree(empty, empty, np.zeros(0), n_match=4, n_occurrences=3)) == 0
     acceptance.start([1, 2, 3, 4])  # nothing open to judge
+
+
+def test_a_short_match_drafts_no_deeper_than_a_cheap_chain_verifies():
+    """A match shorter than 16 tokens keeps the draft's nodes no deeper than a chain that
+    verifies in 6 single tokens' time: 10 drafted tokens where a row costs half a token (a CPU); a
+    24-token match keeps them all, and a static K drafts its K whatever rows cost."""
+    curve = CostCurve(seconds=[1.0 + 0.5 * n for n in range(64)], n_context=0)
+    assert short_match_depth(Budget(curve, n_seq_max=8)) == 10
+    assert short_match_depth(Budget(CURVE, n_seq_max=8)) == 31  # rows cheap: every chain it prices
+    assert short_match_depth(Budget(curve, n_seq_max=8, max_nodes=16, static=True)) == 16
+    # Two chains: the first 12 deep, the second branching off at depth 3, 6 deep.
+    parents = np.asarray([-1] + list(range(11)) + [2, 12, 13, 14, 15, 16], np.int32)
+    tokens = np.arange(100, 100 + len(parents), dtype=np.int32)
+    counts = np.ones(len(parents))
+    acceptance = LookupDrafter().acceptance
+    acceptance.start([1, 2, 3])
+    short = acceptance.tree(tokens, parents, counts, n_match=4, n_occurrences=2, short_depth=6)
+    assert max(short.depths()) == 6 and len(short) == 6 + 3  # the first chain to 6, the second to 6
+    assert set(short.tokens.tolist()) == {*range(100, 106), 112, 113, 114}
+    long = acceptance.tree(tokens, parents, counts, n_match=24, n_occurrences=2, short_depth=6)
+    assert len(long) == len(parents)
 
 
 def test_a_budget_sizes_each_of_several_proposals_as_a_fresh_one_would():

@@ -43,7 +43,29 @@ class LookupDrafter(Drafter):
     def propose(self, context: list[int], budget: Budget) -> DraftTree:
         self.acceptance.start(context)
         self.sync(context)
-        return self.acceptance.tree(*self.index.draft(budget.max_nodes, self.max_depth, self.max_occurrences))
+        draft = self.index.draft(budget.max_nodes, self.max_depth, self.max_occurrences)
+        return self.acceptance.tree(*draft, short_match_depth(budget))
+
+
+SHORT_MATCH = 16      # matches shorter than this many tokens draft at most short_match_depth()
+SHORT_CHAIN_COST = 6  # ... deep: a chain verified in at most this many single tokens' time
+
+
+def short_match_depth(budget: Budget) -> int:
+    """How deep a draft from a match shorter than SHORT_MATCH may go: the deepest chain
+    whose verification costs at most SHORT_CHAIN_COST single tokens on the budget's curve.
+    Measured, not derived: replayed over recorded answers on this CPU's curve (7 rows at 4.8
+    single tokens, 8 at 6.7), a short match's rows deeper than that earned less than their
+    depth rates promised, and cutting them gained 7% on code edits and lost nothing on
+    completion or chat; where rows are cheap (an H200's curves, 16 rows at 2-3 single
+    tokens) no draft is that deep and nothing changes
+    (docs/benchmarks.md#short-matches-drafted-shallower-issues-44-46-2026-12-03-session-37).
+    A static K drafts what it drafts."""
+    if budget.static:
+        return budget.max_nodes
+    seconds = budget.curve.seconds
+    limit = SHORT_CHAIN_COST * seconds[0]
+    return max((d for d in range(1, len(seconds)) if seconds[d] <= limit), default=0)
 
 
 class MatchAcceptance:
@@ -176,12 +198,17 @@ class MatchAcceptance:
         counts[1] += expected
 
     def tree(self, tokens: np.ndarray, parents: np.ndarray, counts: np.ndarray, n_match: int,
-             n_occurrences: int) -> DraftTree:
+             n_occurrences: int, short_depth: int = 63) -> DraftTree:
         """Reaching a node takes the text going the way that share of the earlier occurrences
         went, and the text following the draft at every node on the way there: at its depth's
-        rate, times its token's factor (token_factor)."""
+        rate, times its token's factor (token_factor). A match shorter than SHORT_MATCH keeps
+        the nodes at most `short_depth` deep (short_match_depth())."""
         if n_occurrences == 0 or len(tokens) == 0:  # nothing matched, or no room to draft
             return DraftTree.empty()
+        if n_match < SHORT_MATCH:
+            tokens, parents, counts = within_depth(tokens, parents, counts, short_depth)
+            if len(tokens) == 0:
+                return DraftTree.empty()
         bucket = self._bucket(n_match)
         rates, bin_of, copied = self.rates(bucket).tolist(), self.bin_of, self._copied
         parent_list, token_list = parents.tolist(), tokens.tolist()
@@ -207,3 +234,16 @@ class MatchAcceptance:
             return 1.0
         w = self.TOKEN_WEIGHT
         return (counts[0] + w) / (counts[1] + w)
+
+
+def within_depth(tokens: np.ndarray, parents: np.ndarray, counts: np.ndarray,
+                 max_depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A drafted tree's nodes at most max_depth deep (parents before their children, as
+    drafted), renumbered."""
+    keep = np.asarray(depths_of(parents.tolist())) <= max_depth
+    if keep.all():
+        return tokens, parents, counts
+    kept = np.flatnonzero(keep)
+    new_index = np.cumsum(keep) - 1  # a kept node's place among the kept
+    new_parents = np.where(parents[kept] >= 0, new_index[parents[kept]], -1).astype(parents.dtype)
+    return tokens[kept], new_parents, counts[kept]
