@@ -219,7 +219,10 @@ def test_shipped_smollm2_drafter_decodes_like_plain(small_path, small_model):
     with Context(small_model, ContextConfig(n_ctx=1024, n_seq_max=8, n_threads=1, embeddings=True)) as ctx:
         drafter = JakiroDrafter(JakiroRuntime(gguf, small_model, n_ctx=1024, n_threads=1))
         stats = Stats()
-        for p in PROMPTS[:2]:
+        # Three prompts: on a fresh build of 2026-12-03 (the same code, the same model file)
+        # the first two accepted 5 and 19 nodes, a third 18; the count only has to show that
+        # drafts were verified and accepted, which two prompts no longer did with room to spare.
+        for p in PROMPTS[:3]:
             tokens = small_model.tokenize(p)
             assert speculative(ctx, drafter, tokens, stats=stats, max_nodes=5) == plain(ctx, tokens), p
     assert stats.draft_n_accepted > 25, stats.summary()
@@ -237,12 +240,15 @@ def test_static_k_jakiro_from_the_command_line(small_path, capsys):
         assert capsys.readouterr().out == plain, spec
 
 
-def test_jakiro_sampling_keeps_the_targets_distribution(tiny_run, small_model):
+def test_jakiro_sampling_keeps_the_targets_distribution(small_path, small_model):
     """T = 1: the sixth token after a prompt, over many seeds, drawn with and without the
     drafter: a chi-square test of the two samples (the drafts are deterministic trees, which
-    the sibling rule verifies; its exactness on synthetic trees is test_verify_distribution's)."""
+    the sibling rule verifies; its exactness on synthetic trees is test_verify_distribution's).
+    The shipped drafter: the suite's tiny one had about 1% of its nodes accepted at T = 1,
+    and on a fresh build of 2026-12-03 only 2 in 60 seeds, too few to exercise the rule."""
+    from localspec import store
     from scipy.stats import chi2_contingency
-    _, gguf = tiny_run
+    gguf = store.shipped_drafter(small_path)
     prompt = small_model.tokenize(PROMPTS[0])
     with Context(small_model, ContextConfig(n_ctx=256, n_seq_max=8, n_threads=2, embeddings=True)) as ctx:
         drafter = JakiroDrafter(JakiroRuntime(gguf, small_model, n_ctx=256, n_threads=2))
@@ -255,8 +261,8 @@ def test_jakiro_sampling_keeps_the_targets_distribution(tiny_run, small_model):
             b = (speculative(ctx, drafter, prompt, 6, cfg, stats) + [-1] * 6)[5]
             counts.setdefault(a, [0, 0])[0] += 1
             counts.setdefault(b, [0, 0])[1] += 1
-    # The tiny drafter is weak (about 1% of its nodes accepted at T = 1 here), so only some
-    # runs go through an acceptance: this checks the plumbing end to end, not the rule.
+    # Only some runs go through an acceptance (46 of 446 nodes here): this checks the
+    # plumbing end to end, not the rule.
     assert stats.draft_n_accepted > 10, stats.summary()
     # Tokens seen fewer than 5 times pooled into one column, as a chi-square test needs.
     frequent = [c for c in counts.values() if sum(c) >= 5]
