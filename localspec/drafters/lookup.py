@@ -57,7 +57,7 @@ def short_match_depth(budget: Budget) -> int:
     Measured, not derived: replayed over recorded answers on this CPU's curve (7 rows at 4.8
     single tokens, 8 at 6.7), a short match's rows deeper than that earned less than their
     depth rates promised, and cutting them gained 7% on code edits and lost nothing on
-    completion or chat; where rows are cheap (an H200's curves, 16 rows at 2-3 single
+    completion or chat (live: edits +3.5%, completion -2.6% over three turns); where rows are cheap (an H200's curves, 16 rows at 2-3 single
     tokens) no draft is that deep and nothing changes
     (docs/benchmarks.md#short-matches-drafted-shallower-issues-44-46-2026-12-03-session-37).
     A static K drafts what it drafts."""
