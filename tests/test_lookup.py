@@ -136,10 +136,12 @@ def test_a_short_match_drafts_no_deeper_than_a_cheap_chain_verifies():
     counts = np.ones(len(parents))
     acceptance = LookupDrafter().acceptance
     acceptance.start([1, 2, 3])
-    short = acceptance.tree(tokens, parents, counts, n_match=4, n_occurrences=2, short_depth=6)
+    six = Budget(CostCurve(seconds=[1.0 + 0.8 * n for n in range(64)], n_context=0), n_seq_max=8)
+    assert short_match_depth(six) == 6  # a chain of 6 at 5.8 single tokens, of 7 at 6.6
+    short = acceptance.tree(tokens, parents, counts, n_match=4, n_occurrences=2, budget=six)
     assert max(short.depths()) == 6 and len(short) == 6 + 3  # the first chain to 6, the second to 6
     assert set(short.tokens.tolist()) == {*range(100, 106), 112, 113, 114}
-    long = acceptance.tree(tokens, parents, counts, n_match=24, n_occurrences=2, short_depth=6)
+    long = acceptance.tree(tokens, parents, counts, n_match=24, n_occurrences=2, budget=six)
     assert len(long) == len(parents)
 
 

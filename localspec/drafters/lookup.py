@@ -44,7 +44,7 @@ class LookupDrafter(Drafter):
         self.acceptance.start(context)
         self.sync(context)
         draft = self.index.draft(budget.max_nodes, self.max_depth, self.max_occurrences)
-        return self.acceptance.tree(*draft, short_match_depth(budget))
+        return self.acceptance.tree(*draft, budget)
 
 
 SHORT_MATCH = 16      # matches shorter than this many tokens draft at most short_match_depth()
@@ -57,8 +57,9 @@ def short_match_depth(budget: Budget) -> int:
     Measured, not derived: replayed over recorded answers on this CPU's curve (7 rows at 4.8
     single tokens, 8 at 6.7), a short match's rows deeper than that earned less than their
     depth rates promised, and cutting them gained 7% on code edits and lost nothing on
-    completion or chat (live: edits +3.5%, completion -2.6% over three turns); where rows are cheap (an H200's curves, 16 rows at 2-3 single
-    tokens) no draft is that deep and nothing changes
+    completion or chat (live: edits +3.5%, completion -2.6% over three turns); where rows
+    are cheap (an H200's curves, 16 rows at 2-3 single tokens) no draft is that deep and
+    nothing changes
     (docs/benchmarks.md#short-matches-drafted-shallower-issues-44-46-2026-12-03-session-37).
     A static K drafts what it drafts."""
     if budget.static:
@@ -198,15 +199,16 @@ class MatchAcceptance:
         counts[1] += expected
 
     def tree(self, tokens: np.ndarray, parents: np.ndarray, counts: np.ndarray, n_match: int,
-             n_occurrences: int, short_depth: int = 63) -> DraftTree:
+             n_occurrences: int, budget: Budget | None = None) -> DraftTree:
         """Reaching a node takes the text going the way that share of the earlier occurrences
         went, and the text following the draft at every node on the way there: at its depth's
         rate, times its token's factor (token_factor). A match shorter than SHORT_MATCH keeps
-        the nodes at most `short_depth` deep (short_match_depth())."""
+        the nodes at most short_match_depth(budget) deep (asked only then: most iterations
+        inside a copy match long)."""
         if n_occurrences == 0 or len(tokens) == 0:  # nothing matched, or no room to draft
             return DraftTree.empty()
-        if n_match < SHORT_MATCH:
-            tokens, parents, counts = within_depth(tokens, parents, counts, short_depth)
+        if n_match < SHORT_MATCH and budget is not None:
+            tokens, parents, counts = within_depth(tokens, parents, counts, short_match_depth(budget))
             if len(tokens) == 0:
                 return DraftTree.empty()
         bucket = self._bucket(n_match)

@@ -27,7 +27,7 @@ import numpy as np
 
 from localspec import _native, paths
 from localspec.drafters.base import Budget, Drafter
-from localspec.drafters.lookup import LookupDrafter, MatchAcceptance, short_match_depth
+from localspec.drafters.lookup import LookupDrafter, MatchAcceptance
 from localspec.errors import LocalspecError
 from localspec.progress import Notice, notice_on_stderr
 from localspec.sampling import SamplingConfig
@@ -313,7 +313,7 @@ class SuffixDrafter(Drafter):
         tokens, parents, counts, n_match, n_occ = self.store.native.draft(
             np.asarray(context[-self.max_match:], np.int32), self.max_match, budget.max_nodes,
             self.max_depth, self.alpha, self.min_share)
-        return self.acceptance.tree(tokens, parents, counts, n_match, n_occ, short_match_depth(budget))
+        return self.acceptance.tree(tokens, parents, counts, n_match, n_occ, budget)
 
 
 SKIP_DIRS = {"node_modules", "__pycache__", "venv", "build", "dist", "target"}
