@@ -95,11 +95,13 @@ def kind_of(n_drafted: int, n_accepted: int) -> str:
 
 def replay(engine: Engine, data: dict, curve, own_long, store_long,
            breakdown: dict[str, list[float]] | None = None, hindsight_choice: bool = False,
-           trace: bool = False) -> tuple[float, float]:
+           trace: bool = False, price_on=None) -> tuple[float, float]:
     """(speedup over plain decoding on `curve`, tokens per iteration). `breakdown` (a
     defaultdict of [0, 0, 0]) sums per kind of iteration (rows verified, how many accepted):
     iterations, forwards' time beyond a plain step's, tokens accepted. `trace`: a line per
-    iteration, the nodes sized in and accepted against how far the unsized proposal is followed."""
+    iteration, the nodes sized in and accepted against how far the unsized proposal is followed.
+    `price_on`: another curve the forwards are priced on (what they cost), each batch at the
+    width `curve` pads it to, exactly that many rows (its unpadded seconds)."""
     drafter = drafter_for(engine, data, own_long, store_long, hindsight_choice)
     t_spec = t_plain = 0.0
     n_iterations = n_tokens = 0
@@ -119,8 +121,13 @@ def replay(engine: Engine, data: dict, curve, own_long, store_long,
                 followed = proposal.walk(answer[pos:])[0] if len(proposal) else 0
                 print(f"    {turn['id']} at {pos}: sized {len(tree)}, accepted {n}; "
                       f"proposed {len(proposal)}, followed {followed}")
-            t_spec += here.cost(1 + len(tree))
-            t_plain += here.cost(1) * (n + 1)
+            if price_on is None:
+                t_spec += here.cost(1 + len(tree))
+                t_plain += here.cost(1) * (n + 1)
+            else:
+                actual = price_on.unpadded_at(len(context))
+                t_spec += float(actual[curve.pad_to(1 + len(tree), len(context)) - 1])
+                t_plain += float(actual[0]) * (n + 1)
             if breakdown is not None and len(tree):
                 sums = breakdown[kind_of(len(tree), n)]
                 sums[0] += 1
@@ -252,6 +259,7 @@ def main() -> None:
                    help="per kind of iteration (rows drafted, accepted): time spent against tokens won")
     s.add_argument("--set", action="append", default=[], dest="settings", metavar="MODULE.NAME=VALUE",
                    help="a setting changed for the replay, e.g. localspec.drafters.lookup.SHORT_CHAIN_COST=99")
+    s.add_argument("--price-on", type=Path, help="a curve the forwards cost (each batch at the width --curve pads it to)")
     s.add_argument("--trace", action="store_true",
                    help="per iteration: nodes sized in and accepted, against how far the unsized proposal is followed")
     v = sub.add_parser("live", help="a workload's turns run live: a drafter as it is against with --set changes")
@@ -278,7 +286,8 @@ def main() -> None:
             data = json.loads(path.read_text())
             for name, curve in curves.items():
                 kinds = defaultdict(lambda: [0, 0.0, 0]) if a.breakdown else None
-                speedup, tau = replay(engine, data, curve, a.own_long, a.store_long, kinds, a.choose_in_hindsight, a.trace)
+                speedup, tau = replay(engine, data, curve, a.own_long, a.store_long, kinds, a.choose_in_hindsight,
+                                      a.trace, read_curve(a.price_on) if a.price_on else None)
                 best = hindsight(engine, data, curve, a.own_long, a.store_long)
                 print(f"{path.stem}  {name}: {speedup:.3f}x plain, {tau:.2f} tokens an iteration; "
                       f"sized in hindsight {best:.3f}x", flush=True)

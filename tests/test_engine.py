@@ -413,6 +413,34 @@ def test_a_batch_is_padded_where_a_wider_one_costs_less():
 
 
 @pytest.mark.unit
+def test_a_batch_is_padded_where_the_kernels_block_makes_a_wider_one_cheaper(tmp_path):
+    """This CPU's matrix kernels run a batch in blocks of 16 rows, then 4, then single rows:
+    12 rows measured 7.9 single tokens where 16 took 7.7. The curve keeps what each width
+    costs as measured (unpadded) beside its price (the cheapest width that holds it), so a
+    batch of 12 is priced and run as 16, at the curve's own context too; the file keeps both,
+    and a file whose unpadded times do not fit is refused in one line."""
+    import json
+    from dataclasses import asdict
+
+    from localspec.errors import LocalspecError
+    from localspec.llama.curve import read_curve
+    from localspec.llama.live import LiveCurve
+    from localspec.llama.measure import non_decreasing
+
+    unpadded = [1.0, 1.8, 2.4, 3.1, 3.6, 4.5, 5.3, 7.1, 7.2, 7.4, 8.6, 7.9, 8.3, 9.1, 9.4, 7.7]
+    curve = CostCurve(non_decreasing(unpadded), 256, unpadded=tuple(unpadded))
+    assert [curve.pad_to(n, 256) for n in (7, 8, 11, 12, 15, 16)] == [7, 8, 16, 16, 16, 16]
+    assert curve.cost(12) == curve.cost(16) == 7.7 and curve.cost(8) == 7.1
+    assert LiveCurve(curve).pad_to(12, 256) == 16 and LiveCurve(curve).at(256).cost(12) == pytest.approx(7.7)
+    path = tmp_path / "curve.json"
+    path.write_text(json.dumps(asdict(curve)))
+    assert read_curve(path) == curve
+    path.write_text(json.dumps(asdict(curve) | {"unpadded": unpadded[:-1]}))
+    with pytest.raises(LocalspecError, match="unpadded"):
+        read_curve(path)
+
+
+@pytest.mark.unit
 def test_a_live_curve_learns_what_forwards_cost():
     """A curve measured while the cores were busy (one token 40 ms, a batch of 2 1.4 of
     them), then forwards that cost 33 and 59 ms: the live curve follows the forwards, slowly

@@ -44,6 +44,11 @@ class CostCurve:
     # Measured in seconds at start-up (a few sizes, no context term, exactness only if known):
     # the engine plans on it while it measures the whole curve between requests.
     coarse: bool = False
+    # unpadded[n-1]: one forward of exactly n rows, where `seconds` prices n as the cheapest
+    # width that holds it (empty: the same). A CPU's kernels run a batch in blocks (this one's
+    # in 16, then 4, then single rows), so 12 rows can cost more than 16: verification pads
+    # to the cheaper width, which it can see only here.
+    unpadded: tuple[float, ...] = ()
 
     def cost(self, n: int) -> float:
         return self.seconds[min(n, len(self.seconds)) - 1]
@@ -52,7 +57,8 @@ class CostCurve:
         """This curve after n_context tokens of context instead of self.n_context."""
         if not self.per_context or n_context == self.n_context:
             return self
-        return replace(self, seconds=self.seconds_at(n_context).tolist(), n_context=n_context)
+        unpadded = tuple(self.unpadded_at(n_context).tolist()) if self.unpadded else ()
+        return replace(self, seconds=self.seconds_at(n_context).tolist(), n_context=n_context, unpadded=unpadded)
 
     def seconds_at(self, n_context: int) -> np.ndarray:
         """at(n_context).seconds as an array (asked twice an iteration: no lists, no copies):
@@ -65,6 +71,8 @@ class CostCurve:
         """Per batch size, one forward of exactly that many rows after n_context tokens (never
         below half of what it costs at the curve's own context)."""
         s, per_context = self._arrays
+        if self.unpadded:
+            s = self._unpadded
         if not self.per_context or n_context == self.n_context:
             return s
         return np.maximum(s + (n_context - self.n_context) * per_context, 0.5 * s)
@@ -72,13 +80,17 @@ class CostCurve:
     def pad_to(self, n: int, n_context: int) -> int:
         """The rows a verification batch of n is best run as after n_context tokens: the
         cheapest width from n on (n itself where none is cheaper, or beyond the curve)."""
-        if n > len(self.seconds) or not self.per_context:
+        if n > len(self.seconds) or not (self.per_context or self.unpadded):
             return n
         return int(cheapest_from(self.unpadded_at(n_context))[n - 1]) + 1
 
     @functools.cached_property
     def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
         return np.asarray(self.seconds, float), np.asarray(self.per_context, float)
+
+    @functools.cached_property
+    def _unpadded(self) -> np.ndarray:
+        return np.asarray(self.unpadded, float)
 
     def ratio(self, n: int) -> float:
         """Cost of a batch of n relative to a single-token forward."""
@@ -183,7 +195,11 @@ def read_curve(path: Path) -> CostCurve:
         curve = CostCurve([float(x) for x in data["seconds"]], int(data["n_context"]),
                           float(data.get("discrepancy", 0.0)), int(data.get("exact_batch", 1)),
                           tuple(float(x) for x in data.get("per_context", ())),
-                          str(data.get("measured_at", "")), bool(data.get("coarse", False)))
+                          str(data.get("measured_at", "")), bool(data.get("coarse", False)),
+                          tuple(float(x) for x in data.get("unpadded", ())))
+        if curve.unpadded and (len(curve.unpadded) != len(curve.seconds) or
+                               not all(0 < x < math.inf for x in curve.unpadded)):
+            raise ValueError("its unpadded times must be one positive time per batch size")
         if not curve.seconds or not all(0 < x < math.inf for x in curve.seconds) or \
                 not all(0 <= x < math.inf for x in curve.per_context) or curve.n_context < 0:
             raise ValueError("its times must be positive and finite")

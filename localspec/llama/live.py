@@ -219,7 +219,7 @@ class LiveCurve:
             seconds = np.minimum(leave, stay)
             best = cheapest_from(seconds)
             rows = np.where(stays[best], self.last_shape, self._own_shapes(len(base))[best] + 1)
-            curve = replace(self.base, seconds=seconds[best].tolist(), n_context=n_context)
+            curve = replace(self.base, seconds=seconds[best].tolist(), n_context=n_context, unpadded=())
             plan = self._at[key] = (curve, rows)
         return plan
 

@@ -88,7 +88,7 @@ def measure(ctx: Context, max_batch: int = MAX_BATCH, n_context: int = 256, repe
             for i, n in enumerate(order):
                 progress("measuring the cost curve", sweep * max_batch + i, steps)
                 times[n] += [time_batch(ctx, filler, n_context, n, turn) for _ in range(per_run)][1:]
-        measured = non_decreasing([statistics.median(times[n]) for n in sizes])
+        measured = [statistics.median(times[n]) for n in sizes]
         plain = plain_step_seconds(ctx, filler, n_context, max(2, min(16, max_batch)), turn)
         ctx.clear()
         stray = abs(math.log(plain / measured[0]))
@@ -98,15 +98,14 @@ def measure(ctx: Context, max_batch: int = MAX_BATCH, n_context: int = 256, repe
             break
         progress(f"measuring the cost curve again (a single token took {measured[0] * 1e3:.1f} ms "
                  f"there, {plain * 1e3:.1f} ms in a plain run)", 0, steps)
-    measured = best[1]
-    seconds = [float(x) for x in np.interp(range(1, max_batch + 1), sizes, measured)]
+    unpadded = [float(x) for x in np.interp(range(1, max_batch + 1), sizes, best[1])]
     progress("measuring the cost curve", steps - 2, steps)
     per_context = measure_per_context(ctx, max_batch, n_context, repeats, turn)
     progress("measuring the cost curve", steps - 1, steps)
     discrepancy = exactness(ctx, turn)
     progress("measuring the cost curve", steps, steps)
-    return CostCurve(seconds, n_context, *discrepancy, per_context,
-                     measured_at=time.strftime("%Y-%m-%d %H:%M:%S"))
+    return CostCurve(non_decreasing(unpadded), n_context, *discrepancy, per_context,
+                     measured_at=time.strftime("%Y-%m-%d %H:%M:%S"), unpadded=tuple(unpadded))
 
 
 def quick_measure(ctx: Context, max_batch: int = MAX_BATCH, n_context: int = 256,
@@ -153,8 +152,9 @@ def fill_curve(times: dict[int, float], max_batch: int) -> list[float]:
 
 
 def non_decreasing(seconds) -> list[float]:
-    """A batch of n never costs more than one of n+1 (padding it would do), so where noise
-    says otherwise the larger batch's time is the better estimate."""
+    """Each batch size priced as the cheapest width that holds it: a batch of n never costs
+    more than one of n+1, since verification pads it there where that is cheaper (the
+    curve's `unpadded` times say where)."""
     return np.minimum.accumulate(np.asarray(seconds, dtype=float)[::-1])[::-1].tolist()
 
 

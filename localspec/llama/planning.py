@@ -52,7 +52,7 @@ class Planning:
         if self._curve is None:
             curve = cost_curve(self.ctx, progress=self.progress, quick=not self.whole)
             if self.flat:
-                self._curve = replace(curve, seconds=[curve.seconds[0]] * len(curve.seconds), per_context=())
+                self._curve = replace(curve, seconds=[curve.seconds[0]] * len(curve.seconds), per_context=(), unpadded=())
             else:
                 self._curve = live = LiveCurve(curve)
                 live.resume((read_loop(cache_path(self.ctx)) or {}).get("learned", {}))
