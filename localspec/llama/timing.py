@@ -23,12 +23,18 @@ def filler_tokens(ctx: Context, n: int) -> list[int]:
 
 def batch_sizes(max_batch: int) -> list[int]:
     """The batch sizes measured: every one up to 16, then 24, 32, 48, 64, ... (a long draft's
-    verification; between them the curve is interpolated)."""
+    verification; between them the curve is interpolated), and past 16 the width just below
+    each multiple of 16 among them. A CPU's kernels run a batch in blocks of 16 rows, then 4,
+    then single rows, each reading all the weights again: here 31 rows cost 1.05-1.17x what
+    32 do and 63 rows 1.2-1.3x 64, a step the interpolation would not see, so verification
+    could not pad across it. Measuring the widths below the steps (nearly half again the measuring
+    time) was worth 0-3.6% replayed on code edits and completion; every width, 6x the time,
+    no more (docs/benchmarks.md#what-a-batch-of-each-width-costs-on-this-cpu-and-the-curves-unpadded-times-issues-44-46-2026-12-03-session-38)."""
     sizes = list(range(1, min(max_batch, 16) + 1))
     n = 16
     while n < max_batch:
         n = min(max_batch, n + n // 2 if n & (n - 1) == 0 else n + n // 3)
-        sizes.append(n)
+        sizes += [n - 1, n] if n % 16 == 0 else [n]
     return sizes
 
 
