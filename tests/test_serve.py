@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from localspec.bench.anchors import free_port
+from localspec.bench.runner import near_tie
 from localspec.drafters.spec import DrafterSpec
 from localspec.engine import Engine, EngineConfig, Request
 from localspec.sampling import SamplingConfig
@@ -81,8 +82,8 @@ def serving(model, *args, threads: int = 1, ctx: int = 1024):
 
 @pytest.fixture(scope="module")
 def smol(small_path):
-    """SmolLM2 on one thread (batches bit-identical to single tokens: speculative output is
-    plain output byte for byte), with its default drafter, auto."""
+    """SmolLM2 on one thread (batches of up to 12 rows bit-identical to single tokens: a short
+    speculative answer is plain output byte for byte), with its default drafter, auto."""
     with serving(small_path) as (url, proc):
         yield url, proc
 
@@ -105,6 +106,18 @@ def plain(engine: Engine, **request) -> str:
     engine.ctx.clear()
     *_, done = engine.generate(Request(sampling=GREEDY, **request))
     return done.text
+
+
+def same_or_tie(engine: Engine, prompt: str, max_tokens: int, served: str) -> bool:
+    """The server's greedy text is plain decoding's, or first leaves it at a token whose two
+    best logits lie within the engine's measured discrepancy (a long answer verifies batches
+    wide enough to round differently from single tokens, where they are padded too)."""
+    engine.ctx.clear()
+    *_, done = engine.generate(Request(prompt=prompt, sampling=GREEDY, max_tokens=max_tokens))
+    if served == done.text:
+        return True
+    k = next(k for k in range(len(done.tokens)) if not served.startswith(engine.model.detokenize(done.tokens[:k + 1])))
+    return near_tie(engine, engine.model.tokenize(prompt), done.tokens, done.tokens[:k] + [-1])
 
 
 CHAT = [{"role": "user", "content": "Write a haiku about the sea."}]
@@ -236,13 +249,12 @@ def test_infill_on_a_model_without_fim_tokens_is_501(smol):
 
 def test_a_client_that_leaves_mid_stream_then_the_same_request(smol, reference):
     body = {"prompt": "Once upon a time,", "n_predict": 200, "temperature": 0, "stream": True}
-    expected = plain(reference, prompt=body["prompt"], max_tokens=200)
     with httpx.stream("POST", smol[0] + "/completion", json=body, timeout=120) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i == 6:
                 break
     r = httpx.post(smol[0] + "/completion", json=body | {"stream": False}, timeout=120)
-    assert r.json()["content"] == expected
+    assert same_or_tie(reference, body["prompt"], 200, r.json()["content"])
 
 
 def test_eight_clients_at_once(smol, reference):
