@@ -102,18 +102,21 @@ def reference(small_path):
     engine.close()
 
 
-def plain(engine: Engine, **request) -> str:
+def greedy(engine: Engine, **request):
     engine.ctx.clear()
     *_, done = engine.generate(Request(sampling=GREEDY, **request))
-    return done.text
+    return done
+
+
+def plain(engine: Engine, **request) -> str:
+    return greedy(engine, **request).text
 
 
 def same_or_tie(engine: Engine, prompt: str, max_tokens: int, served: str) -> bool:
     """The server's greedy text is plain decoding's, or first leaves it at a token whose two
     best logits lie within the engine's measured discrepancy (a long answer verifies batches
     wide enough to round differently from single tokens, where they are padded too)."""
-    engine.ctx.clear()
-    *_, done = engine.generate(Request(prompt=prompt, sampling=GREEDY, max_tokens=max_tokens))
+    done = greedy(engine, prompt=prompt, max_tokens=max_tokens)
     if served == done.text:
         return True
     k = next(k for k in range(len(done.tokens)) if not served.startswith(engine.model.detokenize(done.tokens[:k + 1])))

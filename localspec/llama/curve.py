@@ -57,8 +57,9 @@ class CostCurve:
         """This curve after n_context tokens of context instead of self.n_context."""
         if not self.per_context or n_context == self.n_context:
             return self
-        unpadded = tuple(self.unpadded_at(n_context).tolist()) if self.unpadded else ()
-        return replace(self, seconds=self.seconds_at(n_context).tolist(), n_context=n_context, unpadded=unpadded)
+        unpadded = self.unpadded_at(n_context)
+        return replace(self, seconds=np.minimum.accumulate(unpadded[::-1])[::-1].tolist(), n_context=n_context,
+                       unpadded=tuple(unpadded.tolist()) if self.unpadded else ())
 
     def seconds_at(self, n_context: int) -> np.ndarray:
         """at(n_context).seconds as an array (asked twice an iteration: no lists, no copies):
