@@ -102,7 +102,7 @@ def test_warm_answers_are_generated_once_and_cached(small_path, tmp_path):
 
 @pytest.mark.unit
 def test_ngram_cache_file_is_what_llama_cpp_reads(tmp_path):
-    path = tmp_path / "lcd.bin"
+    path = tmp_path / "bench" / "lcd.bin"  # a folder not yet made, as on a fresh machine
     write_ngram_cache([[1, 2, 3], [1, 2, 4]], path)
     data, entries, at = path.read_bytes(), {}, 0
     while at < len(data):

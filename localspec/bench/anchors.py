@@ -96,6 +96,7 @@ def write_ngram_cache(docs: list[list[int]], path: Path, n_min: int = 1, n_max: 
         out += struct.pack("<4ii", *ngram, len(part))
         for token, count in part.items():
             out += struct.pack("<ii", token, count)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(bytes(out))
 
 
