@@ -6,7 +6,8 @@ follows are accepted), and prices every verification on that curve, against plai
 The drafter learns as it does in the engine (its store takes each answer after its turn).
 Beside it, what the same proposals allow sized in hindsight (hindsight()), and with
 `--breakdown` where the sized drafts win and lose, by rows drafted and accepted.
-`--own-long` / `--store-long` set the priors of 12-, 16- and 24-token matches (MatchAcceptance)
+`--auto` runs the drafter inside Cascade as auto does (its test, set and plain phases priced
+on the curve). `--own-long` / `--store-long` set the priors of 12-, 16- and 24-token matches (MatchAcceptance)
 to compare settings on the same answers (with several recordings, their geometric mean per
 curve: one recording's answers are few enough that a small change in sizing moves it by 1-2%
 either way); `--set` changes a module's setting for the replay; `--choose-in-hindsight` has the drafter take whichever source's sized tree (the
@@ -23,6 +24,7 @@ per turn: whether a gain replayed on a curve holds where the forwards are real.
 
 import argparse
 import importlib
+import importlib.util
 import json
 import statistics
 from collections import defaultdict
@@ -31,12 +33,14 @@ from pathlib import Path
 
 from localspec.bench import workloads
 from localspec.bench.runner import answers_cache, near_tie, run_ours, turns, warm_documents
+from localspec.control.controllers import CascadeController, controller_for
 from localspec.drafters.base import Budget
 from localspec.drafters.spec import NONE, DrafterSpec
 from localspec.drafters.suffix import SuffixDrafter
 from localspec.engine import Engine, EngineConfig
 from localspec.llama.curve import read_curve
 from localspec.sampling import SamplingConfig
+from localspec.verify import DraftTree
 
 import numpy as np  # after localspec.llama (scripts/README.md)
 
@@ -95,39 +99,57 @@ def kind_of(n_drafted: int, n_accepted: int) -> str:
 
 def replay(engine: Engine, data: dict, curve, own_long, store_long,
            breakdown: dict[str, list[float]] | None = None, hindsight_choice: bool = False,
-           trace: bool = False, price_on=None) -> tuple[float, float]:
+           trace: bool = False, price_on=None, auto: bool = False,
+           timing_noise: float = 0.0) -> tuple[float, float]:
     """(speedup over plain decoding on `curve`, tokens per iteration). `breakdown` (a
     defaultdict of [0, 0, 0]) sums per kind of iteration (rows verified, how many accepted):
     iterations, forwards' time beyond a plain step's, tokens accepted. `trace`: a line per
     iteration, the nodes sized in and accepted against how far the unsized proposal is followed.
     `price_on`: another curve the forwards are priced on (what they cost), each batch at the
-    width `curve` pads it to, exactly that many rows (its unpadded seconds)."""
+    width `curve` pads it to, exactly that many rows (its unpadded seconds). `auto`: the
+    drafter runs inside Cascade as auto runs it (its set phases, plain phases and watched
+    shadows), each iteration timed at the curve's price (the drafter's host time left out),
+    times a lognormal factor of sigma `timing_noise` in what Cascade hears (a real loop's
+    iterations vary; the speedup is priced without it)."""
     drafter = drafter_for(engine, data, own_long, store_long, hindsight_choice)
+    controller = CascadeController({"suffix": drafter}, curve, 8) if auto else None
+    noise = np.random.default_rng(0)
     t_spec = t_plain = 0.0
     n_iterations = n_tokens = 0
     for turn in data["turns"]:
         prompt, answer = turn["prompt"], turn["answer"]
         drafter.begin(prompt, SamplingConfig())
+        if controller:
+            controller.begin()
         pos = 1  # the prompt's forward gave the first token
         while pos < len(answer):
             context = prompt + answer[:pos]
             here = curve.at(len(context))
-            budget = Budget(here, 8).within(len(answer) - pos - 1)
             drafter.future = answer[pos:]  # read by HindsightChoice only
-            proposal = drafter.propose(context, budget)
-            tree = budget.size(proposal)
+            if controller:
+                choice = controller.choose(context, len(answer) - pos - 1)
+                proposal = choice[2] if choice else DraftTree.empty()
+                tree = choice[1].size(proposal) if choice else proposal
+            else:
+                budget = Budget(here, 8).within(len(answer) - pos - 1)
+                proposal = drafter.propose(context, budget)
+                tree = budget.size(proposal)
             n = tree.walk(answer[pos:])[0] if len(tree) else 0
             if trace:
                 followed = proposal.walk(answer[pos:])[0] if len(proposal) else 0
                 print(f"    {turn['id']} at {pos}: sized {len(tree)}, accepted {n}; "
-                      f"proposed {len(proposal)}, followed {followed}")
+                      f"proposed {len(proposal)}, followed {followed}"
+                      + (f"; {controller.arm} ({controller.phase})" if controller else ""))
             if price_on is None:
-                t_spec += here.cost(1 + len(tree))
+                took = here.cost(1 + len(tree))
                 t_plain += here.cost(1) * (n + 1)
             else:
                 actual = price_on.unpadded_at(len(context))
-                t_spec += float(actual[curve.pad_to(1 + len(tree), len(context)) - 1])
+                took = float(actual[curve.pad_to(1 + len(tree), len(context)) - 1])
                 t_plain += float(actual[0]) * (n + 1)
+            t_spec += took
+            if controller:
+                controller.record(n + 1, took * float(np.exp(timing_noise * noise.standard_normal())), len(tree), n)
             if breakdown is not None and len(tree):
                 sums = breakdown[kind_of(len(tree), n)]
                 sums[0] += 1
@@ -164,17 +186,30 @@ def hindsight(engine: Engine, data: dict, curve, own_long, store_long) -> float:
     return t_plain / t_best
 
 
+def is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a name inside a module
+        return False
+
+
 @contextmanager
 def changed(settings: list[str]):
-    """`module.NAME=value` settings in force (value typed as the setting's own), then undone."""
+    """`module.NAME=value` or `module.Class.NAME=value` settings in force (value typed as the
+    setting's own), then undone."""
     undo = []
     for setting in settings:
         path, value = setting.split("=", 1)
-        module_name, name = path.rsplit(".", 1)
-        module = importlib.import_module(module_name)
-        old = getattr(module, name)
-        undo.append((module, name, old))
-        setattr(module, name, type(old)(float(value)) if isinstance(old, (int, float)) else value)
+        owner_path, name = path.rsplit(".", 1)
+        parts = owner_path.split(".")
+        # the longest prefix that is a module, then attributes (a class's setting)
+        i = next(i for i in range(len(parts), 0, -1) if is_module(".".join(parts[:i])))
+        owner = importlib.import_module(".".join(parts[:i]))
+        for attr in parts[i:]:
+            owner = getattr(owner, attr)
+        old = getattr(owner, name)
+        undo.append((owner, name, old))
+        setattr(owner, name, type(old)(float(value)) if isinstance(old, (int, float)) else value)
     try:
         yield
     finally:
@@ -195,6 +230,11 @@ def live(engine: Engine, workload: str, limit: int, settings: list[str], drafter
         store.add(doc)
     drafters = engine.controller(spec).drafters
     learnt = {arm: {id(d): d.learned() for d in drafters} for arm in "AB"}
+    # auto's Cascade keeps what it measured from request to request (its baseline, each arm's
+    # utility, back-offs): each arm has its own, or a Cascade setting changed in B would
+    # judge A's trials too. Both over the same drafters, whose learning is kept apart above.
+    cascades = {"A": engine.controller(spec), "B": controller_for(
+        spec, engine.drafters, engine.planning.prepare, engine.ctx.n_paths, engine.ctx.flat)}
     seconds = {"plain": [], "A": [], "B": []}  # per turn, summed over its runs
     n_turn = 0
     for prompt in prompts:
@@ -209,6 +249,8 @@ def live(engine: Engine, workload: str, limit: int, settings: list[str], drafter
                     store.rollback(mark)
                     for d in drafters:
                         d.relearn(learnt[arm][id(d)])
+                    if spec.kind == "auto":
+                        engine._cascades[spec] = cascades[arm]
                     with changed(settings if arm == "B" else []):
                         out, run = run_ours(engine, tokens, spec, max_tokens, sampling)
                     after[arm] = {id(d): d.learned() for d in drafters}  # the last repeat's
@@ -260,6 +302,9 @@ def main() -> None:
     s.add_argument("--set", action="append", default=[], dest="settings", metavar="MODULE.NAME=VALUE",
                    help="a setting changed for the replay, e.g. localspec.drafters.lookup.SHORT_CHAIN_COST=99")
     s.add_argument("--price-on", type=Path, help="a curve the forwards cost (each batch at the width --curve pads it to)")
+    s.add_argument("--auto", action="store_true", help="the drafter inside Cascade, as auto runs it")
+    s.add_argument("--timing-noise", type=float, default=0.0, metavar="SIGMA",
+                   help="with --auto: each iteration's time as Cascade hears it varies by a lognormal factor")
     s.add_argument("--trace", action="store_true",
                    help="per iteration: nodes sized in and accepted, against how far the unsized proposal is followed")
     v = sub.add_parser("live", help="a workload's turns run live: a drafter as it is against with --set changes")
@@ -287,7 +332,8 @@ def main() -> None:
             for name, curve in curves.items():
                 kinds = defaultdict(lambda: [0, 0.0, 0]) if a.breakdown else None
                 speedup, tau = replay(engine, data, curve, a.own_long, a.store_long, kinds, a.choose_in_hindsight,
-                                      a.trace, read_curve(a.price_on) if a.price_on else None)
+                                      a.trace, read_curve(a.price_on) if a.price_on else None, a.auto,
+                                      a.timing_noise)
                 best = hindsight(engine, data, curve, a.own_long, a.store_long)
                 print(f"{path.stem}  {name}: {speedup:.3f}x plain, {tau:.2f} tokens an iteration; "
                       f"sized in hindsight {best:.3f}x", flush=True)
