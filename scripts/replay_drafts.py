@@ -23,6 +23,7 @@ per turn: whether a gain replayed on a curve holds where the forwards are real.
 """
 
 import argparse
+import bisect
 import importlib
 import importlib.util
 import json
@@ -40,7 +41,7 @@ from localspec.drafters.suffix import SuffixDrafter
 from localspec.engine import Engine, EngineConfig
 from localspec.llama.curve import read_curve
 from localspec.sampling import SamplingConfig
-from localspec.verify import DraftTree
+from localspec.verify import DraftTree, depths_of
 
 import numpy as np  # after localspec.llama (scripts/README.md)
 
@@ -97,10 +98,44 @@ def kind_of(n_drafted: int, n_accepted: int) -> str:
     return f"{rows} drafted, {accepted} accepted"
 
 
+class Calibration:
+    """Per depth and estimated reach, how often the text went through a proposal's nodes:
+    every proposal, unsized, within the room its answer had left; apart for those made while
+    the text was inside an earlier proposal's copy (IN_COPY tokens or more of it followed)."""
+
+    DEPTHS = (1, 3, 9, 17, 33)  # each bin's first depth
+    IN_COPY = 3
+
+    def __init__(self):
+        self.cells = defaultdict(lambda: [0, 0.0, 0])  # (in copy, depth bin, reach tenth): nodes, reach, followed
+
+    def add(self, proposal: DraftTree, future: list[int], in_copy: bool, room: int) -> None:
+        through, node = set(), -1  # the nodes the text went through
+        for token in future:
+            children = np.flatnonzero((proposal.parents == node) & (proposal.tokens == token))
+            if len(children) == 0:
+                break
+            node = int(children[0])
+            through.add(node)
+        for i, (depth, reach) in enumerate(zip(depths_of(proposal.parents.tolist()), proposal.reach.tolist())):
+            if depth <= room:
+                cell = self.cells[in_copy, bisect.bisect(self.DEPTHS, depth) - 1, min(int(reach * 10), 9)]
+                cell[0], cell[1], cell[2] = cell[0] + 1, cell[1] + reach, cell[2] + (i in through)
+
+    def print(self, min_nodes: int = 20) -> None:
+        ends = (*self.DEPTHS[1:], 64)
+        for in_copy in (False, True):
+            print(f"    {'inside a copy' if in_copy else 'fresh'}: depth, then estimated -> followed (nodes) per tenth of reach")
+            for b, (first, end) in enumerate(zip(self.DEPTHS, ends)):
+                cells = [self.cells.get((in_copy, b, r)) for r in range(10)]
+                print(f"      {first}-{end - 1}: " + "  ".join(f"{c[1] / c[0]:.2f}->{c[2] / c[0]:.2f} ({c[0]})"
+                                                           for c in cells if c and c[0] >= min_nodes))
+
+
 def replay(engine: Engine, data: dict, curve, own_long, store_long,
            breakdown: dict[str, list[float]] | None = None, hindsight_choice: bool = False,
            trace: bool = False, price_on=None, auto: bool = False,
-           timing_noise: float = 0.0) -> tuple[float, float]:
+           timing_noise: float = 0.0, calibration: Calibration | None = None) -> tuple[float, float]:
     """(speedup over plain decoding on `curve`, tokens per iteration). `breakdown` (a
     defaultdict of [0, 0, 0]) sums per kind of iteration (rows verified, how many accepted):
     iterations, forwards' time beyond a plain step's, tokens accepted. `trace`: a line per
@@ -110,7 +145,8 @@ def replay(engine: Engine, data: dict, curve, own_long, store_long,
     drafter runs inside Cascade as auto runs it (its set phases, plain phases and watched
     shadows), each iteration timed at the curve's price (the drafter's host time left out),
     times a lognormal factor of sigma `timing_noise` in what Cascade hears (a real loop's
-    iterations vary; the speedup is priced without it)."""
+    iterations vary; the speedup is priced without it). `calibration`: every proposal's nodes
+    counted there."""
     drafter = drafter_for(engine, data, own_long, store_long, hindsight_choice)
     controller = CascadeController({"suffix": drafter}, curve, 8) if auto else None
     noise = np.random.default_rng(0)
@@ -135,6 +171,9 @@ def replay(engine: Engine, data: dict, curve, own_long, store_long,
                 proposal = drafter.propose(context, budget)
                 tree = budget.size(proposal)
             n = tree.walk(answer[pos:])[0] if len(tree) else 0
+            if calibration is not None and len(proposal):
+                in_copy = max(drafter.lookup.acceptance.copied, drafter.acceptance.copied) >= calibration.IN_COPY
+                calibration.add(proposal, answer[pos:], in_copy, len(answer) - pos - 1)
             if trace:
                 followed = proposal.walk(answer[pos:])[0] if len(proposal) else 0
                 print(f"    {turn['id']} at {pos}: sized {len(tree)}, accepted {n}; "
@@ -280,6 +319,11 @@ def live(engine: Engine, workload: str, limit: int, settings: list[str], drafter
 
 
 
+def measured_curve(engine: Engine):
+    curve = engine.planning.prepare()
+    return getattr(curve, "base", curve)  # a LiveCurve's measured curve, its corrections aside
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct")
@@ -305,6 +349,8 @@ def main() -> None:
     s.add_argument("--auto", action="store_true", help="the drafter inside Cascade, as auto runs it")
     s.add_argument("--timing-noise", type=float, default=0.0, metavar="SIGMA",
                    help="with --auto: each iteration's time as Cascade hears it varies by a lognormal factor")
+    s.add_argument("--calibration", action="store_true",
+                   help="per depth and estimated reach, how often the text went through the proposals' nodes")
     s.add_argument("--trace", action="store_true",
                    help="per iteration: nodes sized in and accepted, against how far the unsized proposal is followed")
     v = sub.add_parser("live", help="a workload's turns run live: a drafter as it is against with --set changes")
@@ -324,20 +370,25 @@ def main() -> None:
     if a.command == "live":
         live(engine, a.workload, a.limit, a.settings, a.drafter, a.repeat, a.turns, a.max_tokens)
         return
-    curves = {Path(c).stem: read_curve(Path(c)) for c in a.curve} or {"this machine": engine.planning.prepare()}
+    # This machine's curve as measured: the engine plans on it corrected by what its loop's
+    # forwards cost, saved after each run, which moved a replay by 11% between two invocations.
+    curves = {Path(c).stem: read_curve(Path(c)) for c in a.curve} or {"this machine": measured_curve(engine)}
     speedups = defaultdict(list)  # per curve: (sized, in hindsight) per recording
     with changed(a.settings):  # for the whole replay
         for path in a.files:
             data = json.loads(path.read_text())
             for name, curve in curves.items():
                 kinds = defaultdict(lambda: [0, 0.0, 0]) if a.breakdown else None
+                calibration = Calibration() if a.calibration else None
                 speedup, tau = replay(engine, data, curve, a.own_long, a.store_long, kinds, a.choose_in_hindsight,
                                       a.trace, read_curve(a.price_on) if a.price_on else None, a.auto,
-                                      a.timing_noise)
+                                      a.timing_noise, calibration)
                 best = hindsight(engine, data, curve, a.own_long, a.store_long)
                 print(f"{path.stem}  {name}: {speedup:.3f}x plain, {tau:.2f} tokens an iteration; "
                       f"sized in hindsight {best:.3f}x", flush=True)
                 speedups[name].append((speedup, best))
+                if calibration:
+                    calibration.print()
                 for kind, (iterations, extra, tokens) in sorted((kinds or {}).items()):
                     print(f"    {kind}: {iterations} iterations, {extra:.1f} forwards' time more than "
                           f"plain steps, {tokens} tokens accepted, net {tokens - extra:+.1f}")
