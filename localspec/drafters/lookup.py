@@ -139,6 +139,11 @@ class MatchAcceptance:
         # would] (never decayed: a token's evidence comes slowly).
         self.token_counts: dict[int, list[float]] = {}
 
+    @property
+    def copied(self) -> int:
+        """Tokens of an earlier proposal's copy the text had followed at the last start()."""
+        return self._copied
+
     def rates(self, bucket: int | slice = slice(None)) -> np.ndarray:
         """[bucket, depth bin] (one bucket's row where given): the chance the text follows a
         draft at that depth once it came that far."""
