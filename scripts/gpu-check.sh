@@ -24,6 +24,7 @@ G=$PWD/.gpu; O=${OUT:-/tmp/out}; mkdir -p $O
 V=/tmp/v/bin; HYBRID=1b
 if [ -n "${REHEARSE:-}" ]; then  # (the stand-in resolved from the user's own home first)
   G=$PWD/../shared/gpu; V=$PWD/.venv/bin; HYBRID=tiny; rm -rf $O/* /tmp/lshome
+  $V/localspec pull smollm2-135m-instruct > /dev/null || exit 1  # a fresh machine has not pulled it
   SMOL=$($V/python -c "from localspec import store; print(store.resolve('smollm2-135m-instruct'))") || exit 1
 fi
 export LOCALSPEC_HOME=/tmp/lshome PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
