@@ -74,13 +74,19 @@ class DraftTree:
         """How far `tokens` (what followed the root) run down the tree: the nodes matched, and
         whether that is final (a token left the tree, or a leaf was reached) rather than
         waiting on tokens still to come. Greedy verification accepts exactly those nodes."""
-        node, n = -1, 0
+        nodes, final = self.path(tokens)
+        return len(nodes), final
+
+    def path(self, tokens) -> tuple[list[int], bool]:
+        """walk()'s nodes themselves, root first, and whether that is final."""
+        node, nodes = -1, []
         for token in tokens:
             children = np.flatnonzero((self.parents == node) & (self.tokens == token))
             if len(children) == 0:
-                return n, True
-            node, n = int(children[0]), n + 1
-        return n, not (self.parents == node).any()
+                return nodes, True
+            node = int(children[0])
+            nodes.append(node)
+        return nodes, not (self.parents == node).any()
 
     def n_leaves(self) -> int:
         """Nodes without children (root-to-leaf paths): counted once per tree (sizing asks

@@ -110,13 +110,7 @@ class Calibration:
         self.cells = defaultdict(lambda: [0, 0.0, 0])  # (in copy, depth bin, reach tenth): nodes, reach, followed
 
     def add(self, proposal: DraftTree, future: list[int], in_copy: bool, room: int) -> None:
-        through, node = set(), -1  # the nodes the text went through
-        for token in future:
-            children = np.flatnonzero((proposal.parents == node) & (proposal.tokens == token))
-            if len(children) == 0:
-                break
-            node = int(children[0])
-            through.add(node)
+        through = set(proposal.path(future)[0])  # the nodes the text went through
         for i, (depth, reach) in enumerate(zip(depths_of(proposal.parents.tolist()), proposal.reach.tolist())):
             if depth <= room:
                 cell = self.cells[in_copy, bisect.bisect(self.DEPTHS, depth) - 1, min(int(reach * 10), 9)]
