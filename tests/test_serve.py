@@ -146,6 +146,10 @@ def test_openai_client_gets_the_engines_greedy_text(smol, reference):
         model="any", prompt=text, max_tokens=24, temperature=0, stream=True))
     assert streamed == c.choices[0].text
     assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct"]
+    # free text asked for in so many words, and no tools, is what it always answers
+    r = client.chat.completions.create(model="any", messages=CHAT, max_tokens=48, temperature=0,
+                                       response_format={"type": "text"}, tools=[])
+    assert r.choices[0].message.content == expected
 
 
 def test_openai_logprobs_are_the_engines(smol, reference):
@@ -278,7 +282,7 @@ def test_eight_clients_at_once(smol, reference):
 
 
 BAD = [  # (method, path, body or raw bytes, status, words in the message)
-    ("POST", "/completion", b"{not json", 400, ""),
+    ("POST", "/completion", b"{not json", 400, "body: not valid JSON"),
     ("POST", "/completion", b'{"prompt": "\xff\xfe"}', 400, ""),
     ("POST", "/completion", {"prompt": "hi", "n_predict": "many"}, 400, "n_predict"),
     ("POST", "/completion", {"prompt": "hi", "n_predict": -5}, 400, "n_predict"),
@@ -288,7 +292,7 @@ BAD = [  # (method, path, body or raw bytes, status, words in the message)
     # found by the fuzzer: a penalty of 0 divided logits by zero and took the server down
     ("POST", "/v1/chat/completions", {"messages": [{"role": "user"}], "repeat_penalty": 0.0, "top_k": 0},
      400, "repeat_penalty"),
-    ("POST", "/completion", {"prompt": [1, -3]}, 400, "prompt"),
+    ("POST", "/completion", {"prompt": [1, -3]}, 400, "prompt.1: Input should be greater than or equal to 0"),
     ("POST", "/completion", {"prompt": [10**9]}, 400, "outside the vocabulary"),
     ("POST", "/completion", {"prompt": ""}, 400, "empty"),
     ("POST", "/completion", {"prompt": "word " * 3000}, 400, "exceeds the available context size"),
@@ -307,6 +311,16 @@ BAD = [  # (method, path, body or raw bytes, status, words in the message)
     # a request never loads a drafter: one the server has not loaded is refused at once
     ("POST", "/v1/chat/completions", {"messages": CHAT, "drafter": "draft"}, 400, "not loaded on this server"),
     ("POST", "/completion", b"[" * 100000 + b"]" * 100000, 400, ""),
+    # an image where only text is read: the part's type, not "content should be a string"
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:,"}}]}]}, 400, "messages.0.content.0.type"),
+    # output of a shape is refused, not answered in free text the client cannot parse
+    ("POST", "/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "json_object"}}, 400,
+     "response_format.type: json_object is not supported"),
+    ("POST", "/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]},
+     400, "tools: tool calls are not supported"),
+    ("POST", "/completion", {"prompt": "hi", "grammar": 'root ::= "a"'}, 400, "grammar: constrained output"),
+    ("POST", "/completion", {"prompt": "hi", "json_schema": {"type": "object"}}, 400, "json_schema: constrained"),
     ("GET", "/nowhere", None, 404, "File Not Found"),
     ("GET", "/completion", None, 405, ""),
     ("POST", "/completion", b'{"prompt": "' + b"a" * (17 << 20) + b'"}', 413, "larger than"),

@@ -122,9 +122,7 @@ def create_app(worker: Worker, cfg: ServeConfig = ServeConfig()) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_, e: RequestValidationError):
-        first = e.errors()[0] if e.errors() else {}
-        where = ".".join(str(x) for x in first.get("loc", ())[1:]) or "body"
-        return error(400, f"{where}: {first.get('msg', 'invalid request')}")
+        return error(400, validation_message(e.errors()))
 
     @app.exception_handler(HTTPException)
     async def http_error(_, e: HTTPException):
@@ -135,6 +133,24 @@ def create_app(worker: Worker, cfg: ServeConfig = ServeConfig()) -> FastAPI:
     add_llama_routes(app, worker, cfg)
     add_openai_routes(app, worker)
     return app
+
+
+def validation_message(errors) -> str:
+    """One line for what is wrong with a body: where, and why. Of a field that may be one of
+    several types (a prompt's text or token ids), each type's failure comes back; the one
+    that went deepest into the value says most (a negative token id, not "should be a
+    string"), and the types' tags ("list[constrained-int]") are no part of where it is."""
+    if not errors:
+        return "body: invalid request"
+    first = max(errors, key=lambda err: len(err.get("loc", ())))  # the first of the deepest
+    if first.get("type") == "json_invalid":
+        return f"body: not valid JSON ({first.get('ctx', {}).get('error', 'decode error')})"
+    where = ".".join(str(x) for x in first.get("loc", ())[1:] if not _type_tag(x)) or "body"
+    return f"{where}: {first.get('msg', 'invalid request').removeprefix('Value error, ')}"
+
+
+def _type_tag(part) -> bool:
+    return isinstance(part, str) and ("[" in part or "-" in part or part in ("str", "int", "list"))
 
 
 def engine_of(worker: Worker) -> Engine:

@@ -1,12 +1,14 @@
 """The bodies the server accepts, with the fields real clients send (llama.vim, llama.vscode,
 OpenAI clients) and bounds on every number. Fields a client sends that localspec does not use
-are accepted and ignored, as llama-server ignores what it does not know."""
+are accepted and ignored, as llama-server ignores what it does not know; but a request for
+output of a shape (a grammar, a JSON schema, JSON mode, tool calls) is refused: answering it
+with free text would hand the client what it said it cannot parse."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from localspec.sampling import MAX_LOGPROBS
 
@@ -39,6 +41,30 @@ class Options(BaseModel):
     response_fields: list[str] | None = Field(None, max_length=64)
     n_probs: int = Field(0, ge=0, le=MAX_LOGPROBS)  # llama-server's: each token's log-probability and this many alternatives'
     drafter: str | None = Field(None, max_length=1000)  # localspec's: what drafts (one the server has loaded)
+    grammar: str | None = None       # llama-server's constrained output: refused unless empty
+    json_schema: dict | None = None  # ... and this
+
+    @field_validator("grammar", "json_schema")
+    @classmethod
+    def _no_constraint(cls, value):
+        if value:
+            raise ValueError(f"constrained output is not supported: {FREE_TEXT}")
+        return value
+
+
+FREE_TEXT = "localspec answers in free text"
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, value: str) -> str:
+        if value != "text":
+            raise ValueError(f"{value} is not supported: {FREE_TEXT} (type text)")
+        return value
 
 
 class CompletionBody(Options):
@@ -85,6 +111,16 @@ class OpenAIOptions(Options):
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_PREDICT)
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1)  # one choice per request
+    response_format: ResponseFormat | None = None
+    tools: list | None = None  # refused unless empty: no tool calls
+    functions: list | None = None  # (their older name)
+
+    @field_validator("tools", "functions")
+    @classmethod
+    def _no_tools(cls, value):
+        if value:
+            raise ValueError(f"tool calls are not supported: {FREE_TEXT}")
+        return value
 
     def limit(self) -> int | None:
         """How many tokens: n_predict wins, as in llama-server."""
