@@ -40,8 +40,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     from localspec.store import DEFAULT_MODEL
     p.add_argument("-m", "--model", default=DEFAULT_MODEL,
                    help=f"registry name or path to a .gguf (default: {DEFAULT_MODEL})")
-    p.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all cores)")
+    p.add_argument("--ctx", type=arg_type(count), default=4096, help="context size in tokens (0: the model's)")
+    p.add_argument("--threads", type=arg_type(count), default=0, help="CPU threads (0: all cores)")
     p.add_argument("--gpu-layers", type=int, default=None,
                    help="layers to offload to the GPU (default: every layer that fits, with a "
                         "CUDA/ROCm/Metal build of llama-cpp-python; 0: the CPU only; with --rpc, "
@@ -85,6 +85,17 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=0.05)
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
+
+
+def count(text: str) -> int:
+    """A whole number, 0 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise LocalspecError(f"not a whole number: {text!r}") from None
+    if n < 0:
+        raise LocalspecError(f"must be 0 or more, not {n}")
+    return n
 
 
 def arg_type(parse):
@@ -194,7 +205,12 @@ def cmd_serve(a: argparse.Namespace) -> None:
     # Two caches: an editor's completions and a chat do not evict each other.
     cfg = replace(pulled_config(a, [a.drafter]), slots=2)
     def load() -> Engine:
-        engine = Engine(cfg)
+        try:
+            engine = Engine(cfg)
+        except Exception as e:  # the terminal hears it too, not only the clients' 503s
+            print(f"localspec: error: {e if isinstance(e, LocalspecError) else f'{type(e).__name__}: {e}'} "
+                  "(every request gets a 503 saying so; stop the server with Ctrl-C)", file=sys.stderr, flush=True)
+            raise
         print(f"localspec: {engine.where}", file=sys.stderr, flush=True)
         engine.prepare()  # the first request waits for nothing /health did not
         return engine

@@ -68,3 +68,13 @@ def test_a_broken_acceptance_head_is_one_line(keys, qwen_model, tmp_path):
     with pytest.raises(LocalspecError) as e:
         AcceptanceHead(bad, qwen_model, qwen_model)
     assert "head.gguf" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_context_too_small_for_the_engines_sequences_is_one_line(small_path):
+    """llama.cpp aborts the process where a context holds fewer tokens than sequences (its
+    outputs' buffer is sized by the smaller): refused before it gets there."""
+    r = localspec("generate", "-m", str(small_path), "--max-tokens", "4", "--ctx", "8", "hello there, my friend")
+    assert r.returncode == 1, r.stderr  # an exit, not a signal
+    assert_one_line_error(r, "a context of 8 tokens is too small", "--ctx")
+    r = localspec("generate", "-m", str(small_path), "--ctx", "-5", "hello")
+    assert r.returncode == 2 and "argument --ctx: must be 0 or more" in r.stderr

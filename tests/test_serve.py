@@ -371,6 +371,32 @@ def test_api_key_and_hosts(small_path):
                           headers={"Authorization": "Bearer s3cret"}).status_code == 200
 
 
+def test_a_model_that_cannot_load_is_said_in_the_terminal_and_to_every_request(small_path):
+    """The server stays up and answers 503 with why (an editor shows it); the person who
+    started it reads the same line where they started it."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "localspec.cli", "serve", "-m", str(small_path), "--port", str(port),
+                             "--ctx", "8"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = ""
+        while "error" not in line:
+            line = proc.stdout.readline()
+            assert line, "the server ended without a word"
+        assert line.startswith("localspec: error: a context of 8 tokens is too small"), line
+        deadline = time.monotonic() + 60
+        while True:  # the load may fail before the server listens
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=30)
+                break
+            except httpx.ConnectError:
+                assert time.monotonic() < deadline, "the server did not come up"
+                time.sleep(0.2)
+        assert r.status_code == 503 and "too small" in r.json()["error"]["message"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def test_fuzzing_from_the_schema_finds_no_5xx(smol):
     """Schemathesis generates bodies from the server's OpenAPI schema (bounded in time); every
     answer is below 500 and the server keeps answering."""

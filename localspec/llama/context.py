@@ -102,6 +102,9 @@ class Context:
         self.model = model
         self.config = config
         params = context_params(config)
+        if 0 < min(config.n_ctx, config.n_batch) < params.n_seq_max:  # llama.cpp would abort the process
+            raise LocalspecError(f"a context of {config.n_ctx} tokens is too small: this one keeps {params.n_seq_max} "
+                                 f"sequences (a draft tree's paths) and needs at least as many tokens (--ctx)")
         if beside is not None:
             params.ctx_other = beside.ptr
         ptr = ll.llama_init_from_model(model.ptr, params)
