@@ -17,13 +17,17 @@ on the same HumanEval prompts, and beside them the engine's context and a minima
 sequence, nothing but logits) driven by the loop alone (`--with-llama-bench`: and llama-bench's
 tg after the prompt's length, a process per request), request by request in rotating order,
 each pair's ratio kept (a bootstrap interval of their median): where llama-server's plain lead
-comes from, if anywhere.
+comes from, if anywhere. `--single-steps DRAFTER`: instead, the engine's plain requests and the
+drafter's on the same HumanEval prompts, alternating: a one-row forward's time and each
+iteration's host time, plain's against the drafter's, these by the batch before them (one row,
+or a wider one: llama.cpp builds its graph again after a batch of another size).
 
     python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 128 --rounds 5 [--depth 200 --seqs 8]
     python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 64 --rounds 8 --depth 200 --seqs 1,8
     python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 96 --rounds 6 --server-clock
     python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 60 --sample-on 0
     python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 64 --rounds 24 --against-server
+    python scripts/engine_overhead.py -m qwen2.5-coder-1.5b-instruct -n 128 --rounds 6 --single-steps auto
 """
 
 import argparse
@@ -219,6 +223,38 @@ def against_server(path: str, a: argparse.Namespace) -> None:
               f"{interval([x / y for x, y in zip(rates[name], rates['engine'])])}")
 
 
+def single_steps(path: str, a: argparse.Namespace, drafter: str) -> None:
+    """One-row forwards and host time: plain's, and the drafter's by the batch before them."""
+    from localspec.bench import workloads
+    from localspec.drafters.spec import DrafterSpec
+    from localspec.engine import Engine, EngineConfig, Request
+    engine = Engine(EngineConfig(model=path, threads=a.threads, store=":memory:", whole_curve=True))
+    forwards: dict[str, list[float]] = {}
+    host: dict[str, list[float]] = {}
+    for r in range(2):  # each order once
+        for prompt in workloads.humaneval(a.rounds):
+            for name in ("none", drafter)[::1 - 2 * r]:
+                before = [0]
+
+                def heard(it, name=name):
+                    if it.arm != "prompt":
+                        after = "after a prompt" if not before[0] else "after 1 row" if before[0] == 1 else "after more"
+                        key = "plain" if name == "none" else f"{name}, {after}" if it.batch == 1 else f"{name}, drafted"
+                        if it.batch == 1:
+                            forwards.setdefault(key, []).append(it.forward_seconds)
+                        host.setdefault(key, []).append(it.host_seconds)
+                    before[0] = it.batch
+                request = Request(prompt=prompt.prompt, max_tokens=a.n, drafter=DrafterSpec.parse(name),
+                                  ignore_eog=True, cache=False)
+                for _ in engine.generate(request, on_iteration=heard):
+                    pass
+    print(f"{'iterations':28} {'n':>5} {'1-row forward ms':>17} {'host ms':>8}  (medians)")
+    for key in sorted(host, key=lambda k: (k != "plain", k)):
+        f = f"{statistics.median(forwards[key]) * 1e3:.2f}" if key in forwards else "-"
+        print(f"{key:28} {len(host[key]):5} {f:>17} {statistics.median(host[key]) * 1e3:8.2f}")
+    engine.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default=store.DEFAULT_MODEL)
@@ -235,8 +271,12 @@ def main() -> None:
     ap.add_argument("--with-llama-bench", action="store_true", help="--against-server: llama-bench's tg too")
     ap.add_argument("--sample-on", type=int, default=None, metavar="K",
                     help="host rows against the graph's sampler (K 0: argmax, else top-K)")
+    ap.add_argument("--single-steps", metavar="DRAFTER",
+                    help="one-row forwards and host time: plain's against this drafter's (HumanEval, --rounds prompts)")
     a = ap.parse_args()
     path = str(store.resolve(a.model))
+    if a.single_steps:
+        return single_steps(path, a, a.single_steps)
     seqs = [int(n) for n in a.seqs.split(",")]
     if a.server_clock:
         return server_clock(path, a)
