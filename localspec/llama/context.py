@@ -89,6 +89,9 @@ def context_params(config: ContextConfig) -> ll.llama_context_params:
     p.no_perf = True
     p.n_rs_seq = config.rollback
     p.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP if config.mtp else ll.LLAMA_CONTEXT_TYPE_DEFAULT
+    if 0 < min(config.n_ctx, config.n_batch) < p.n_seq_max:  # llama.cpp would abort the process
+        raise LocalspecError(f"a context of {config.n_ctx} tokens is too small: this one keeps {p.n_seq_max} "
+                             f"sequences (a draft tree's paths) and needs at least as many tokens (--ctx)")
     return p
 
 
@@ -102,9 +105,6 @@ class Context:
         self.model = model
         self.config = config
         params = context_params(config)
-        if 0 < min(config.n_ctx, config.n_batch) < params.n_seq_max:  # llama.cpp would abort the process
-            raise LocalspecError(f"a context of {config.n_ctx} tokens is too small: this one keeps {params.n_seq_max} "
-                                 f"sequences (a draft tree's paths) and needs at least as many tokens (--ctx)")
         if beside is not None:
             params.ctx_other = beside.ptr
         ptr = ll.llama_init_from_model(model.ptr, params)
