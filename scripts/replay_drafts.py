@@ -14,7 +14,9 @@ either way); `--set` changes a module's setting for the replay; `--choose-in-hin
 request's own text or the store) the text follows further, where it would take the one it
 predicts pays more (what that choice is worth at most). `live` runs a workload's turns in
 the loop's own time, a drafter as localspec has it against with `--set` changes, alternated
-per turn: whether a gain replayed on a curve holds where the forwards are real.
+per turn: whether a gain replayed on a curve holds where the forwards are real. `--ceiling M`:
+beside each figure, the copy ceiling of a copier that must match M tokens to copy (1: the
+bench's clairvoyant one; a lookup drafter matches at least 2).
 
     .venv/bin/python scripts/replay_drafts.py record chat-session 4 /tmp/chat.json
     .venv/bin/python scripts/replay_drafts.py replay /tmp/chat.json /tmp/edit.json \\
@@ -33,6 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from localspec.bench import workloads
+from localspec.bench.ceiling import Corpus, copy_ceiling
 from localspec.bench.runner import answers_cache, near_tie, run_ours, turns, warm_documents
 from localspec.control.controllers import CascadeController, controller_for
 from localspec.drafters.base import Budget
@@ -219,6 +222,18 @@ def hindsight(engine: Engine, data: dict, curve, own_long, store_long) -> float:
     return t_plain / t_best
 
 
+def ceiling(data: dict, curve, min_match: int) -> float:
+    """The copy ceiling over a recording's turns (the store as the drafter has it at each:
+    the warm documents, then each answer after its turn), for a copier that must match
+    min_match tokens (bench/ceiling.py: 1 is the clairvoyant one the bench reports)."""
+    docs, t_plain, t_copy = list(data["warm"]), 0.0, 0.0
+    for turn in data["turns"]:
+        plain, copied = copy_ceiling(turn["answer"], turn["prompt"], Corpus(docs), curve, min_match)
+        t_plain, t_copy = t_plain + plain, t_copy + copied
+        docs.append(turn["answer"])
+    return t_plain / t_copy
+
+
 def is_module(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -345,6 +360,8 @@ def main() -> None:
                    help="with --auto: each iteration's time as Cascade hears it varies by a lognormal factor")
     s.add_argument("--calibration", action="store_true",
                    help="per depth and estimated reach, how often the text went through the proposals' nodes")
+    s.add_argument("--ceiling", action="append", type=int, default=[], metavar="M",
+                   help="the copy ceiling beside each figure, for a copier that must match M tokens (1: the bench's)")
     s.add_argument("--trace", action="store_true",
                    help="per iteration: nodes sized in and accepted, against how far the unsized proposal is followed")
     v = sub.add_parser("live", help="a workload's turns run live: a drafter as it is against with --set changes")
@@ -378,8 +395,10 @@ def main() -> None:
                                       a.trace, read_curve(a.price_on) if a.price_on else None, a.auto,
                                       a.timing_noise, calibration)
                 best = hindsight(engine, data, curve, a.own_long, a.store_long)
+                ceilings = "".join(f"; copy ceiling after {m}-token matches {ceiling(data, curve, m):.3f}x"
+                                   for m in a.ceiling)
                 print(f"{path.stem}  {name}: {speedup:.3f}x plain, {tau:.2f} tokens an iteration; "
-                      f"sized in hindsight {best:.3f}x", flush=True)
+                      f"sized in hindsight {best:.3f}x{ceilings}", flush=True)
                 speedups[name].append((speedup, best))
                 if calibration:
                     calibration.print()

@@ -31,6 +31,19 @@ def test_copies_follow_the_token_just_produced_and_stay_in_known_text():
     assert copyable([3, 4, 5, 0], prompt=[], store=stored, max_draft=63)[1] == 0  # no run across documents
 
 
+def test_a_longer_match_asked_for_leaves_the_copies_a_single_token_found():
+    # after "1 9", 5 6 7 follows 9 in the store ("4 9 5 6 7") but "1 9" stands only in the prompt
+    answer, prompt, stored = [9, 5, 6, 7, 8], [1], Corpus([[4, 9, 5, 6, 7]])
+    assert copyable(answer, prompt, stored, max_draft=63)[1] == 3
+    assert copyable(answer, prompt, stored, max_draft=63, min_match=2)[1] == 0
+    assert copyable(answer, [4], stored, max_draft=63, min_match=2)[1] == 3  # "4 9" does stand there
+    # the request's own text too: "2 3" is followed by 7 once, after "1 2 3"
+    own = [1, 2, 3, 7, 0, 2, 3]
+    assert copyable([3, 7, 5], own[:-1], Corpus(), max_draft=63)[1] == 1
+    assert copyable([3, 7, 5], own[:-1], Corpus(), max_draft=63, min_match=3)[1] == 0  # "0 2 3" is new
+    assert copyable([3, 7, 5], own[:-1], Corpus(), max_draft=63, min_match=2)[1] == 1
+
+
 def test_nothing_to_copy_means_plain_decoding():
     runs = copyable(list(range(10, 30)), prompt=list(range(5)), store=Corpus([[1, 2, 3]]), max_draft=63)
     assert runs == [0] * 20

@@ -51,20 +51,33 @@ def longest_copy(text: np.ndarray, starts: np.ndarray, target: np.ndarray) -> in
     return k
 
 
-def copyable(answer: Sequence[int], prompt: Sequence[int], store: Corpus, max_draft: int) -> list[int]:
+def after_match(text: np.ndarray, starts: np.ndarray, tail: np.ndarray) -> np.ndarray:
+    """Of `starts` (each right after an occurrence of tail[-1] in text), those the whole of
+    `tail` stands right before."""
+    starts = starts[starts >= len(tail)]
+    for back in range(2, len(tail) + 1):
+        starts = starts[text[starts - back] == tail[-back]]
+    return starts
+
+
+def copyable(answer: Sequence[int], prompt: Sequence[int], store: Corpus, max_draft: int,
+             min_match: int = 1) -> list[int]:
     """Per position i of the answer (1..len-1), the longest run of answer[i:] that a copying
     drafter could have drafted having seen answer[:i]: it follows answer[i-1] in the request
-    (prompt and answer so far, ending at the known text) or in a store document."""
+    (prompt and answer so far, ending at the known text) or in a store document, there after
+    the known text's last `min_match` tokens (1: the clairvoyant copier; a drafter that finds
+    its copies by a match of at least n tokens can only take the copies of min_match n)."""
     seen = np.asarray([*prompt, *answer], dtype=np.int64)
     out = [0]
     for i in range(1, len(answer)):
         n_known = len(prompt) + i
         want = seen[n_known:n_known + min(max_draft, len(answer) - 1 - i)]
-        prev = seen[n_known - 1]
-        own = np.flatnonzero(seen[:n_known - 1] == prev) + 1
+        tail = seen[max(0, n_known - min_match):n_known]
+        own = after_match(seen, np.flatnonzero(seen[:n_known - 1] == tail[-1]) + 1, tail)
         best = longest_copy(seen[:n_known], own, want)
         if best < len(want) and len(store.tokens):
-            best = max(best, longest_copy(store.tokens, store.positions(prev) + 1, want))
+            stored = after_match(store.tokens, store.positions(tail[-1]) + 1, tail)
+            best = max(best, longest_copy(store.tokens, stored, want))
         out.append(best)
     return out
 
@@ -81,12 +94,14 @@ def fastest_plan(runs: Sequence[int], seconds_at: Callable[[int], Sequence[float
     return float(best[1]) if n > 1 else 0.0
 
 
-def copy_ceiling(answer: Sequence[int], prompt: Sequence[int], store: Corpus, curve) -> tuple[float, float]:
+def copy_ceiling(answer: Sequence[int], prompt: Sequence[int], store: Corpus, curve,
+                 min_match: int = 1) -> tuple[float, float]:
     """(plain decoding's seconds, the clairvoyant copier's seconds) for this answer on `curve`
-    (anything with at(n_context).seconds, as the engine's cost curves)."""
+    (anything with at(n_context).seconds, as the engine's cost curves); `min_match`: copies
+    after a match of at least that many tokens only (copyable)."""
     def seconds_at(n_context: int) -> Sequence[float]:
         return curve.at(n_context).seconds
-    runs = copyable(answer, prompt, store, len(curve.seconds) - 1)
+    runs = copyable(answer, prompt, store, len(curve.seconds) - 1, min_match)
     plain = sum(seconds_at(len(prompt) + i)[0] for i in range(1, len(answer)))
     return plain, fastest_plan(runs, seconds_at, len(prompt))
 
