@@ -16,6 +16,16 @@ MAX_PREDICT = 32_768       # no request generates more than this (and never past
 MAX_TEXT = 4_000_000       # characters of any one text field (the body is bounded too)
 
 Text = Annotated[str, Field(max_length=MAX_TEXT)]
+FREE_TEXT = "localspec answers in free text"
+
+
+def refused(*fields: str, what: str):
+    """A validator refusing these fields unless empty: `what` is not supported."""
+    def check(cls, value):
+        if value:
+            raise ValueError(f"not supported ({what}): {FREE_TEXT}")
+        return value
+    return field_validator(*fields)(classmethod(check))
 
 
 class Options(BaseModel):
@@ -43,16 +53,7 @@ class Options(BaseModel):
     drafter: str | None = Field(None, max_length=1000)  # localspec's: what drafts (one the server has loaded)
     grammar: str | None = None       # llama-server's constrained output: refused unless empty
     json_schema: dict | None = None  # ... and this
-
-    @field_validator("grammar", "json_schema")
-    @classmethod
-    def _no_constraint(cls, value):
-        if value:
-            raise ValueError(f"constrained output is not supported: {FREE_TEXT}")
-        return value
-
-
-FREE_TEXT = "localspec answers in free text"
+    _no_constraint = refused("grammar", "json_schema", what="constrained output")
 
 
 class ResponseFormat(BaseModel):
@@ -63,7 +64,7 @@ class ResponseFormat(BaseModel):
     @classmethod
     def _text_only(cls, value: str) -> str:
         if value != "text":
-            raise ValueError(f"{value} is not supported: {FREE_TEXT} (type text)")
+            raise ValueError(f"{value} not supported (type text only): {FREE_TEXT}")
         return value
 
 
@@ -114,13 +115,7 @@ class OpenAIOptions(Options):
     response_format: ResponseFormat | None = None
     tools: list | None = None  # refused unless empty: no tool calls
     functions: list | None = None  # (their older name)
-
-    @field_validator("tools", "functions")
-    @classmethod
-    def _no_tools(cls, value):
-        if value:
-            raise ValueError(f"tool calls are not supported: {FREE_TEXT}")
-        return value
+    _no_tools = refused("tools", "functions", what="tool calls")
 
     def limit(self) -> int | None:
         """How many tokens: n_predict wins, as in llama-server."""
