@@ -756,6 +756,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:  # the file system said no (a full disk, a folder that is a file): one line
+        print(f"localspec: error: {e.strerror or e}{f': {e.filename}' if e.filename else ''}", file=sys.stderr)
+        return 1
     return 0
 
 

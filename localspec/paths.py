@@ -5,12 +5,21 @@ from pathlib import Path
 
 import platformdirs
 
+from localspec.errors import LocalspecError
+
 
 def data_dir() -> Path:
-    home = os.environ.get("LOCALSPEC_HOME")
-    return Path(home) if home else Path(platformdirs.user_data_dir("localspec"))
+    home = _home()
+    return home if home else Path(platformdirs.user_data_dir("localspec"))
 
 
 def cache_dir() -> Path:
+    home = _home()
+    return home / "cache" if home else Path(platformdirs.user_cache_dir("localspec"))
+
+
+def _home() -> Path | None:
     home = os.environ.get("LOCALSPEC_HOME")
-    return Path(home) / "cache" if home else Path(platformdirs.user_cache_dir("localspec"))
+    if home and Path(home).exists() and not Path(home).is_dir():
+        raise LocalspecError(f"LOCALSPEC_HOME={home} is not a directory")
+    return Path(home) if home else None

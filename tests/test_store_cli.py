@@ -155,6 +155,18 @@ def test_prompt_longer_than_context(home, small_path):
     assert_one_line_error(r, "context full", "n_ctx=256")
 
 
+def test_a_home_or_cache_that_is_a_file_is_one_line(small_path, tmp_path):
+    """A LOCALSPEC_HOME that is a file, or a file where the cache's folder goes: one line, not
+    a traceback from the first folder made there."""
+    (tmp_path / "home-file").write_text("x")
+    r = localspec("generate", "-m", str(small_path), "--max-tokens", "2", "hi", home=tmp_path / "home-file")
+    assert_one_line_error(r, "is not a directory")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "cache").write_text("x")
+    r = localspec("generate", "-m", str(small_path), "--max-tokens", "2", "hi", home=tmp_path / "home")
+    assert_one_line_error(r, "Not a directory", "cache")
+
+
 def test_generation_stops_at_the_end_of_the_context(small_path):
     r = localspec("generate", "-m", str(small_path), "--ctx", "256", "--max-tokens", "100",
                   "Count: " + "one, two, three, " * 40)
