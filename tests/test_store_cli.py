@@ -167,6 +167,28 @@ def test_a_home_or_cache_that_is_a_file_is_one_line(small_path, tmp_path):
     assert_one_line_error(r, "Not a directory", "cache")
 
 
+def test_a_disk_that_takes_no_more_still_gives_the_answer(small_path, tmp_path):
+    """The caches (the cost curve, the suffix store's index) are said and skipped when the
+    disk refuses them: the answer comes, the command succeeds, no half file is left. The
+    refusal is real: the process may not write a file past 100 bytes (RLIMIT_FSIZE; the kernel
+    answers EFBIG, as it answers ENOSPC on a full disk)."""
+    import resource
+    import signal
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
+    env = dict(os.environ, LOCALSPEC_HOME=str(tmp_path / "home"))
+    r = subprocess.run([sys.executable, "-m", "localspec.cli", "generate", "-m", str(small_path),
+                        "--max-tokens", "8", "Write a haiku about disks"], capture_output=True, text=True,
+                       env=env, timeout=300, preexec_fn=small_files)
+    assert r.returncode == 0 and r.stdout.strip() and "Traceback" not in r.stderr, r.stderr
+    assert "not caching" in r.stderr  # the cost curve (2 KiB)
+    # the answer went into the store's log (80 bytes), its index (136) did not
+    assert "suffix index not saved" in r.stderr and "not learning" not in r.stderr
+    assert not list((tmp_path / "home").rglob("*.tmp"))
+
+
 def test_generation_stops_at_the_end_of_the_context(small_path):
     r = localspec("generate", "-m", str(small_path), "--ctx", "256", "--max-tokens", "100",
                   "Count: " + "one, two, three, " * 40)

@@ -232,7 +232,10 @@ class SuffixStore:
         if self.directory is not None and self.synced > self.snapshotted:
             with self._locked():
                 if self.log.stat().st_size >= self.synced:
-                    self._snapshot()
+                    try:
+                        self._snapshot()
+                    except OSError as e:  # the log holds everything: the next open replays it
+                        self.notice(f"suffix index not saved ({e.strerror or e}): the next start reads the log")
 
     def _snapshot(self) -> None:
         sorted_ = self.native.sorted()
@@ -270,11 +273,15 @@ def _record(tokens: np.ndarray) -> bytes:
 def _write_whole(path: Path, data: bytes) -> None:
     """Write `path` so a crash leaves the old file or the new one, never half of one."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk: no half file left beside the old one
+        raise
 
 
 class SuffixDrafter(Drafter):

@@ -20,6 +20,7 @@ from localspec.llama.context import Context
 from localspec.llama.curve import CostCurve
 from localspec.llama.live import LiveCurve
 from localspec.paths import cache_dir
+from localspec.progress import notice_on_stderr
 
 LOOP_MARGIN = 0.25  # a cached curve from which the loop's forwards strayed more is measured again
 LOOP_FORWARDS = 32  # ... over at least this many forwards
@@ -91,7 +92,13 @@ def record_loop(path: Path, live: LiveCurve) -> None:
 
 
 def write_json(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write a cache file whole (a crash leaves the old one or the new one); a cache the disk
+    will not take is said and skipped: measured again next time, never a failed command."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        notice_on_stderr(f"not caching {path.name}: {e.strerror or e}")
