@@ -280,3 +280,29 @@ def test_a_drafter_that_cannot_be_had_is_said_when_it_is_chosen(small_path, tmp_
             return app.notices, app.is_running
     notices, running = run(go())
     assert running and any("not found" in n for n in notices if n.startswith("drafter ")), notices
+
+
+def test_a_database_that_takes_no_more_keeps_what_was_typed_and_the_app(small_path, tmp_path):
+    """The database refuses to grow (SQLite's own limit on its pages, as a full disk refuses
+    it): the message is not sent, stays in the box and the app says why; once it may grow
+    again, the same Enter sends it and the answer is kept."""
+    async def go():
+        app = Recording(config(small_path, tmp_path, max_tokens=8))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await ready(pilot)
+            await say(pilot, "Hi.")
+            pages = app.store.db.execute("PRAGMA page_count").fetchone()[0]
+            app.store.db.execute(f"PRAGMA max_page_count = {pages}")
+            text = "Say yes. " + "The long part of a message. " * 300  # pages more than there are
+            app.query_one("#prompt").insert(text)
+            await pilot.press("enter")
+            await pilot.pause()
+            kept, running = app.query_one("#prompt").text, app.is_running
+            app.store.db.execute("PRAGMA max_page_count = 1073741823")
+            await pilot.press("enter")
+            await until(pilot, lambda: len(app.query(MessageView)) == 4 and app.answer is None)
+            return app.notices, kept, running, text, app.store.messages(app.conversation.id)
+    notices, kept, running, text, saved = run(go())
+    assert running and kept == text  # as typed
+    assert sum("Not saved" in n and "full" in n for n in notices) == 1, notices
+    assert [m.role for m in saved] == ["user", "assistant"] * 2 and saved[2].text == text.rstrip()

@@ -8,6 +8,7 @@ conversation and saves them as they come (at least every second)."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import sys
 import time
 from dataclasses import dataclass
@@ -108,6 +109,7 @@ class ChatApp(EngineLoading, ChatCommands, App):
         self.worker: Worker | None = None  # the engine's thread
         self._job: Job | None = None  # the answer being written
         self._saved_at = 0.0
+        self._unsaved = False  # the last write to the database was refused (saving)
         self._progress: ProgressScreen | None = None
         self._log = None  # llama.cpp's log file
         self.loading = True  # an engine is being loaded
@@ -213,13 +215,15 @@ class ChatApp(EngineLoading, ChatCommands, App):
         if self.engine is None:
             self.notify("No model is loaded: F7 chooses one.", severity="error")
             return
-        c = self.current_conversation()
         text = event.text.rstrip()
+        c = self.saving(self.current_conversation)
+        m = c and self.saving(lambda: self.store.add_message(c.id, "user", text))
+        if not m:  # not saved: what was typed stays in the box, to send again
+            return
         self.query_one("#prompt", PromptArea).clear()
-        m = self.store.add_message(c.id, "user", text)
         if not c.title:  # the first message titles a conversation
             c.title = text.strip().splitlines()[0][:48]
-            self.store.update_conversation(c)
+            self.saving(lambda: self.store.update_conversation(c))
             self.refresh_list()
             self.sub_title = c.title
         await self.query_one("#messages").mount(MessageView("user", m.text))
@@ -241,7 +245,9 @@ class ChatApp(EngineLoading, ChatCommands, App):
             return
         sampling = SamplingConfig(temperature=c.sampling.get("temperature", 0.0), seed=c.sampling.get("seed"))
         request = Request(messages=messages, sampling=sampling, max_tokens=self.cfg.max_tokens, drafter=drafter)
-        self.answer = self.store.add_message(c.id, "assistant", "")
+        self.answer = self.saving(lambda: self.store.add_message(c.id, "assistant", ""))
+        if self.answer is None:
+            return
         self.answer_view = MessageView("assistant", highlight=self.highlight)
         box = self.query_one("#messages", VerticalScroll)
         await box.mount(self.answer_view)
@@ -280,17 +286,32 @@ class ChatApp(EngineLoading, ChatCommands, App):
                 answer.text, answer.pieces = view.text, view.pieces
             self.status(live.line())
             if time.monotonic() - self._saved_at >= SAVE_EVERY:
-                self.store.save_message(answer)
+                self.saving(lambda: self.store.save_message(answer))
                 self._saved_at = time.monotonic()
 
     async def end_answer(self, stopped: bool, stats: dict) -> None:
         """An answer ended (stopped: by Esc, the length or the context): saved and shown."""
         answer, view = self.answer, self.answer_view
         answer.stopped, answer.stats = stopped, stats
-        self.store.save_message(answer)
+        self.saving(lambda: self.store.save_message(answer))
         await view.finish(stats, stopped)
         self.answer = self.answer_view = None
         self.idle_status()
+
+    def saving(self, write):
+        """A write to the conversations' database, and what it returns; where the database
+        refuses it (a full disk), that is said once (until a write goes through again) and
+        None returned: the screen keeps what it shows, and the app goes on."""
+        try:
+            result = write()
+        except sqlite3.Error as e:
+            if not self._unsaved:
+                self.notify(f"Not saved: {e} ({self.store.path}). What the screen shows stays; "
+                            "free some space and go on.", severity="error", markup=False)
+            self._unsaved = True
+            return None
+        self._unsaved = False
+        return result
 
     # --- commands ------------------------------------------------------------------------------
 
