@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from localspec.drafters.spec import HELP as DRAFTER_HELP
 from localspec.drafters.spec import DrafterSpec
@@ -85,6 +86,24 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=0.05)
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
+
+
+def check_writable(option: str, where: str | None) -> None:
+    """A file a command will write at its end can be written there (its folder exists and
+    takes files)."""
+    if not where:
+        return
+    path = Path(where).expanduser()
+    if not path.parent.is_dir():
+        raise LocalspecError(f"{option} {where}: no folder {path.parent}")
+    existed = path.exists()
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise LocalspecError(f"{option} {where}: {e.strerror or e}") from None
+    if not existed:
+        path.unlink()
 
 
 def count(text: str) -> int:
@@ -343,7 +362,6 @@ class BenchConfig:
 
 
 def cmd_train(a: argparse.Namespace) -> None:
-    from pathlib import Path
 
     from localspec.pull import resolve
     try:
@@ -361,7 +379,6 @@ def cmd_train(a: argparse.Namespace) -> None:
 
 
 def train_acceptance_head(a: argparse.Namespace) -> None:
-    from pathlib import Path
 
     from localspec import pull, store
     from localspec.convert import convert_checkpoint
@@ -389,7 +406,6 @@ def cmd_convert(a: argparse.Namespace) -> None:
 
 
 def cmd_index(a: argparse.Namespace) -> None:
-    from pathlib import Path
 
     from localspec import pull
     from localspec.drafters.suffix import SuffixStore, index_files, store_dir, text_files
@@ -419,7 +435,6 @@ def cmd_inspect(a: argparse.Namespace) -> None:
 
 def bench_synthetic(a: argparse.Namespace) -> None:
     import json
-    from pathlib import Path
 
     from localspec.bench import synthetic, workloads
     from localspec.drafters.suffix import StoreSetting
@@ -466,7 +481,6 @@ def bench_synthetic(a: argparse.Namespace) -> None:
 
 
 def cmd_bench(a: argparse.Namespace) -> None:
-    from pathlib import Path
 
     from localspec import paths, pull, store
     from localspec.bench import anchors as anchor_mod
@@ -476,6 +490,8 @@ def cmd_bench(a: argparse.Namespace) -> None:
 
     if a.draft_curve and not a.curve:
         raise LocalspecError("--draft-curve prices the drafters beside the target's --curve: give both")
+    for option, where in (("--json", a.json), ("--chart", a.chart)):
+        check_writable(option, where)  # before the minutes of benching, not after
     if a.synthetic:
         return bench_synthetic(a)
     specs = a.drafter or [DrafterSpec("auto")]
@@ -542,7 +558,6 @@ def bench_engine(a: argparse.Namespace, specs: list[DrafterSpec]):
     """The bench's engine, and with --curve its projection onto that machine. The bench's
     suffix store is its own, in memory: the user's stays as it was, and every configuration
     starts each turn from the same store."""
-    from pathlib import Path
 
     from localspec.bench.pricing import Projection
     from localspec.drafters.suffix import StoreSetting

@@ -189,6 +189,14 @@ def test_a_disk_that_takes_no_more_still_gives_the_answer(small_path, tmp_path):
     assert not list((tmp_path / "home").rglob("*.tmp"))
 
 
+def test_a_bench_checks_where_it_will_write_before_it_runs(small_path, tmp_path):
+    r = localspec("bench", "-m", str(small_path), "--json", str(tmp_path / "no" / "r.json"))
+    assert_one_line_error(r, "--json", "no folder")
+    r = localspec("bench", "-m", str(small_path), "--chart", str(tmp_path))
+    assert_one_line_error(r, "--chart", "Is a directory")
+    assert not list(tmp_path.iterdir())  # nothing left where it looked
+
+
 def test_generation_stops_at_the_end_of_the_context(small_path):
     r = localspec("generate", "-m", str(small_path), "--ctx", "256", "--max-tokens", "100",
                   "Count: " + "one, two, three, " * 40)
