@@ -362,7 +362,6 @@ class BenchConfig:
 
 
 def cmd_train(a: argparse.Namespace) -> None:
-
     from localspec.pull import resolve
     try:
         import torch  # noqa: F401
@@ -379,7 +378,6 @@ def cmd_train(a: argparse.Namespace) -> None:
 
 
 def train_acceptance_head(a: argparse.Namespace) -> None:
-
     from localspec import pull, store
     from localspec.convert import convert_checkpoint
     from localspec.train.acceptance import LABELS, HeadTrainConfig, collect, train_head
@@ -406,7 +404,6 @@ def cmd_convert(a: argparse.Namespace) -> None:
 
 
 def cmd_index(a: argparse.Namespace) -> None:
-
     from localspec import pull
     from localspec.drafters.suffix import SuffixStore, index_files, store_dir, text_files
     from localspec.llama import Model
@@ -481,7 +478,6 @@ def bench_synthetic(a: argparse.Namespace) -> None:
 
 
 def cmd_bench(a: argparse.Namespace) -> None:
-
     from localspec import paths, pull, store
     from localspec.bench import anchors as anchor_mod
     from localspec.bench import report, workloads
