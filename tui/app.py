@@ -176,7 +176,7 @@ class ChatApp(EngineLoading, ChatCommands, App):
 
     async def open_conversation(self, c: Conversation) -> None:
         self.conversation = c
-        self.store.set_setting("last_conversation", str(c.id))
+        self.saving(lambda: self.store.set_setting("last_conversation", str(c.id)))
         box = self.query_one("#messages", VerticalScroll)
         await box.remove_children()
         messages = self.store.messages(c.id)
@@ -334,7 +334,9 @@ class ChatApp(EngineLoading, ChatCommands, App):
         messages = self.store.messages(self.conversation.id)
         if not messages or messages[-1].role != "assistant":
             return
-        self.store.delete_message(messages[-1].id)
+        self.saving(lambda: self.store.delete_message(messages[-1].id))
+        if self._unsaved:
+            return
         await list(self.query(MessageView))[-1].remove()
         await self.ask()
 
@@ -346,7 +348,7 @@ class ChatApp(EngineLoading, ChatCommands, App):
         if self.store is not None:
             if self.answer is not None:
                 self.answer.stopped = True
-                self.store.save_message(self.answer)
+                self.saving(lambda: self.store.save_message(self.answer))
             self.store.close()
 
 

@@ -22,7 +22,7 @@ class ChatCommands:
     def action_toggle_list(self) -> None:
         options = self.query_one("#conversations")
         options.display = not options.display
-        self.store.set_setting("list", "shown" if options.display else "hidden")
+        self.saving(lambda: self.store.set_setting("list", "shown" if options.display else "hidden"))
 
     async def action_toggle_highlight(self) -> None:
         self.highlight = not self.highlight
@@ -44,7 +44,7 @@ class ChatCommands:
         def done(title: str | None) -> None:
             if title:
                 self.conversation.title = title
-                self.store.update_conversation(self.conversation)
+                self.saving(lambda: self.store.update_conversation(self.conversation))
                 self.sub_title = title
                 self.refresh_list()
         self.push_screen(TextScreen("Rename the conversation", self.conversation.title), done)
@@ -55,7 +55,9 @@ class ChatCommands:
 
         async def done(yes: bool | None) -> None:
             if yes:
-                self.store.delete_conversation(self.conversation.id)
+                self.saving(lambda: self.store.delete_conversation(self.conversation.id))
+                if self._unsaved:
+                    return
                 await self.action_new_conversation()
                 self.refresh_list()
                 self.notify("Conversation deleted.")
@@ -71,7 +73,11 @@ class ChatCommands:
         while path.exists():
             n += 1
             path = Path.cwd() / f"{slug}-{n}.md"
-        path.write_text(export_markdown(c, self.store.messages(c.id)))
+        try:
+            path.write_text(export_markdown(c, self.store.messages(c.id)))
+        except OSError as e:
+            self.notify(f"Not exported: {e.strerror or e} ({path})", severity="error", markup=False)
+            return
         self.notify(f"Exported to {path}", markup=False)
 
     def action_copy_code(self) -> None:
@@ -84,14 +90,17 @@ class ChatCommands:
         self.notify(f"Copied the last code block ({len(blocks[-1].splitlines())} lines).")
 
     def action_settings(self) -> None:
-        c = self.current_conversation()
+        c = self.saving(self.current_conversation)
+        if c is None:
+            return
 
         def done(s: Settings | None) -> None:
             if s is not None:
                 c.system_prompt, c.drafter = s.system_prompt, s.drafter
                 c.sampling = {"temperature": s.temperature, "seed": s.seed}
-                self.store.update_conversation(c)
-                self.notify("Settings saved for this conversation.")
+                self.saving(lambda: self.store.update_conversation(c))
+                if not self._unsaved:
+                    self.notify("Settings saved for this conversation.")
                 self._prepare(s.drafter)
         current = Settings(c.system_prompt, c.sampling.get("temperature", 0.0), c.sampling.get("seed"), c.drafter)
         self.push_screen(SettingsScreen(current, DrafterSpec.parse), done)
