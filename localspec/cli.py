@@ -224,16 +224,14 @@ def cmd_serve(a: argparse.Namespace) -> None:
     # Two caches: an editor's completions and a chat do not evict each other.
     cfg = replace(pulled_config(a, [a.drafter]), slots=2)
     def load() -> Engine:
-        try:
-            engine = Engine(cfg)
-        except Exception as e:  # the terminal hears it too, not only the clients' 503s
-            print(f"localspec: error: {e if isinstance(e, LocalspecError) else f'{type(e).__name__}: {e}'} "
-                  "(every request gets a 503 saying so; stop the server with Ctrl-C)", file=sys.stderr, flush=True)
-            raise
+        engine = Engine(cfg)
         print(f"localspec: {engine.where}", file=sys.stderr, flush=True)
         engine.prepare()  # the first request waits for nothing /health did not
         return engine
-    worker = Worker(load)
+    def failed(why: str) -> None:  # the terminal hears it too, not only the clients' 503s
+        print(f"localspec: error: {why} (every request gets a 503 saying so; stop the server with Ctrl-C)",
+              file=sys.stderr, flush=True)
+    worker = Worker(load, failed)
     print(f"localspec serving {a.model} on http://{a.host}:{a.port} (/infill, /completion, /v1/*); "
           "loading …", file=sys.stderr, flush=True)
     try:

@@ -36,9 +36,9 @@ class Job:
 
 
 class Worker:
-    def __init__(self, load: Callable[[], Engine]):
+    def __init__(self, load: Callable[[], Engine], on_error: Callable[[str], None] = lambda why: None):
         """`load` makes the engine, in the worker's thread: until it has, `ready` is False (and
-        `error` says why it could not)."""
+        `error` says why it could not; `on_error` hears it too)."""
         # When a forward ends, the engine's thread needs the GIL back from the event loop
         # (rendering, HTTP): Python hands it over after this many seconds (default 5 ms,
         # a sixth of a token here).
@@ -46,7 +46,8 @@ class Worker:
         self.engine: Engine | None = None
         self.error: str | None = None
         self._jobs: queue.Queue[Job | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._serve, args=(load,), name="localspec-engine", daemon=True)
+        self._thread = threading.Thread(target=self._serve, args=(load, on_error), name="localspec-engine",
+                                        daemon=True)
         self._thread.start()
 
     @property
@@ -58,11 +59,12 @@ class Worker:
         self._jobs.put(job)
         return job
 
-    def _serve(self, load: Callable[[], Engine]) -> None:
+    def _serve(self, load: Callable[[], Engine], on_error: Callable[[str], None]) -> None:
         try:
             self.engine = load()
         except Exception as e:  # noqa: BLE001 -- any failure: every job hears why, none waits for good
             self.error = str(e) if isinstance(e, LocalspecError) else f"cannot load the model: {type(e).__name__}: {e}"
+            on_error(self.error)
         while (job := self._jobs.get()) is not None:
             if job.cancel.is_set():
                 job.put(END)

@@ -299,9 +299,10 @@ class ChatApp(EngineLoading, ChatCommands, App):
         self.idle_status()
 
     def saving(self, write):
-        """A write to the conversations' database, and what it returns; where the database
-        refuses it (a full disk), that is said once (until a write goes through again) and
-        None returned: the screen keeps what it shows, and the app goes on."""
+        """A write to the conversations' database, and what it returns (True for a write that
+        returns nothing); where the database refuses it (a full disk), that is said once (until
+        a write goes through again) and None returned: the screen keeps what it shows, and the
+        app goes on."""
         try:
             result = write()
         except sqlite3.Error as e:
@@ -311,7 +312,7 @@ class ChatApp(EngineLoading, ChatCommands, App):
             self._unsaved = True
             return None
         self._unsaved = False
-        return result
+        return True if result is None else result
 
     # --- commands ------------------------------------------------------------------------------
 
@@ -334,8 +335,7 @@ class ChatApp(EngineLoading, ChatCommands, App):
         messages = self.store.messages(self.conversation.id)
         if not messages or messages[-1].role != "assistant":
             return
-        self.saving(lambda: self.store.delete_message(messages[-1].id))
-        if self._unsaved:
+        if not self.saving(lambda: self.store.delete_message(messages[-1].id)):
             return
         await list(self.query(MessageView))[-1].remove()
         await self.ask()

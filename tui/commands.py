@@ -55,8 +55,7 @@ class ChatCommands:
 
         async def done(yes: bool | None) -> None:
             if yes:
-                self.saving(lambda: self.store.delete_conversation(self.conversation.id))
-                if self._unsaved:
+                if not self.saving(lambda: self.store.delete_conversation(self.conversation.id)):
                     return
                 await self.action_new_conversation()
                 self.refresh_list()
@@ -98,8 +97,7 @@ class ChatCommands:
             if s is not None:
                 c.system_prompt, c.drafter = s.system_prompt, s.drafter
                 c.sampling = {"temperature": s.temperature, "seed": s.seed}
-                self.saving(lambda: self.store.update_conversation(c))
-                if not self._unsaved:
+                if self.saving(lambda: self.store.update_conversation(c)):
                     self.notify("Settings saved for this conversation.")
                 self._prepare(s.drafter)
         current = Settings(c.system_prompt, c.sampling.get("temperature", 0.0), c.sampling.get("seed"), c.drafter)

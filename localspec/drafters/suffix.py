@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from localspec import _native, paths
+from localspec.paths import write_whole
 from localspec.drafters.base import Budget, Drafter
 from localspec.drafters.lookup import LookupDrafter, MatchAcceptance
 from localspec.errors import LocalspecError
@@ -116,7 +117,7 @@ class SuffixStore:
     def _open(self) -> None:
         if not self.log.exists() or self.log.stat().st_size == 0:
             self.generation = int.from_bytes(os.urandom(8), "little")
-            _write_whole(self.log, self._header())
+            write_whole(self.log, self._header())
         with open(self.log, "rb") as f:
             start = self._check_header(f.read(4096), self.log, LOG_MAGIC)
         if not self._load_snapshot():
@@ -243,7 +244,7 @@ class SuffixStore:
         body = corpus.tobytes() + sorted_.tobytes()
         head = (self._header().replace(LOG_MAGIC, INDEX_MAGIC, 1)
                 + struct.pack("<QQQI", self.synced, len(corpus), len(sorted_), zlib.crc32(body)))
-        _write_whole(self.index, head + body)
+        write_whole(self.index, head + body)
         self.snapshotted = self.synced
 
     def _evict(self) -> bool:
@@ -260,7 +261,7 @@ class SuffixStore:
         corpus = self.native.corpus()
         docs = np.split(corpus, np.flatnonzero(corpus == -1) + 1)
         log = self._header() + b"".join(_record(doc[:-1]) for doc in docs if len(doc) > 1)
-        _write_whole(self.log, log)
+        write_whole(self.log, log)
         self.synced = len(log)
         self._snapshot()
 
@@ -268,20 +269,6 @@ class SuffixStore:
 def _record(tokens: np.ndarray) -> bytes:
     body = tokens.tobytes()
     return RECORD.pack(len(tokens), zlib.crc32(body)) + body
-
-
-def _write_whole(path: Path, data: bytes) -> None:
-    """Write `path` so a crash leaves the old file or the new one, never half of one."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)  # a full disk: no half file left beside the old one
-        raise
 
 
 class SuffixDrafter(Drafter):

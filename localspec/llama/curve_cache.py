@@ -19,7 +19,7 @@ from localspec import _native
 from localspec.llama.context import Context
 from localspec.llama.curve import CostCurve
 from localspec.llama.live import LiveCurve
-from localspec.paths import cache_dir
+from localspec.paths import cache_dir, write_whole
 from localspec.progress import notice_on_stderr
 
 LOOP_MARGIN = 0.25  # a cached curve from which the loop's forwards strayed more is measured again
@@ -92,13 +92,11 @@ def record_loop(path: Path, live: LiveCurve) -> None:
 
 
 def write_json(path: Path, data) -> None:
-    """Write a cache file whole (a crash leaves the old one or the new one); a cache the disk
-    will not take is said and skipped: measured again next time, never a failed command."""
-    tmp = path.with_suffix(".tmp")
+    """Write a cache file whole (a crash leaves the old one or the new one); one the disk will
+    not take (full) is said and skipped, measured again next time, not a failed command. A
+    cache folder that cannot be made (a file in its place) is an error."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data, indent=2))
-        tmp.replace(path)
+        write_whole(path, json.dumps(data, indent=2).encode())
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         notice_on_stderr(f"not caching {path.name}: {e.strerror or e}")
