@@ -8,7 +8,6 @@ as f32, f16 or q8_0; norms, biases and the router stay f32 (they are tiny)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ from gguf.quants import dequantize, quantize
 from localspec.drafters.files import ARCH, HEAD_ARCH, HEAD_META, META, config_of, open_gguf
 from localspec.drafters.jakiro_config import JakiroConfig
 from localspec.errors import LocalspecError
+from localspec.paths import replacing
 
 TYPES = {"f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16,
          "q8_0": GGMLQuantizationType.Q8_0}
@@ -46,29 +46,24 @@ def torch_name(name: str) -> str:
 def write_gguf(cfg: JakiroConfig, state: dict[str, np.ndarray], path: Path, dtype: str = "q8_0") -> None:
     if dtype not in TYPES:
         raise LocalspecError(f"tensor type must be one of {', '.join(TYPES)} (got {dtype})")
-    path = Path(path)
-    tmp = path.with_name(path.name + ".partial")
-    w = GGUFWriter(str(tmp), ARCH)
-    w.add_name(f"jakiro drafter for {cfg.target_name}")
-    for field, key, kind in META:
-        _add(w, f"{ARCH}.{key}", kind(getattr(cfg, field)))
-    for name, value in state.items():
-        value = np.ascontiguousarray(value, np.float32)
-        qtype = TYPES[dtype] if value.ndim == 2 and name != "router.weight" else TYPES["f32"]
-        if qtype == GGMLQuantizationType.Q8_0 and value.shape[-1] % 32:
-            qtype = GGMLQuantizationType.F16
-        data = value if qtype == GGMLQuantizationType.F32 else \
-            value.astype(np.float16) if qtype == GGMLQuantizationType.F16 else quantize(value, qtype)
-        w.add_tensor(gguf_name(name), data,
-                     raw_dtype=qtype if qtype == GGMLQuantizationType.Q8_0 else None)
-    # The draft vocabulary map (draft row -> target token id), as EAGLE-3's d2t.
-    vocab = np.asarray(cfg.draft_vocab or range(cfg.target_vocab), np.int32)
-    w.add_tensor("d2t", vocab)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(tmp, path)
+    with replacing(Path(path)) as tmp:
+        w = GGUFWriter(str(tmp), ARCH)
+        w.add_name(f"jakiro drafter for {cfg.target_name}")
+        for field, key, kind in META:
+            _add(w, f"{ARCH}.{key}", kind(getattr(cfg, field)))
+        for name, value in state.items():
+            value = np.ascontiguousarray(value, np.float32)
+            qtype = TYPES[dtype] if value.ndim == 2 and name != "router.weight" else TYPES["f32"]
+            if qtype == GGMLQuantizationType.Q8_0 and value.shape[-1] % 32:
+                qtype = GGMLQuantizationType.F16
+            data = value if qtype == GGMLQuantizationType.F32 else \
+                value.astype(np.float16) if qtype == GGMLQuantizationType.F16 else quantize(value, qtype)
+            w.add_tensor(gguf_name(name), data,
+                         raw_dtype=qtype if qtype == GGMLQuantizationType.Q8_0 else None)
+        # The draft vocabulary map (draft row -> target token id), as EAGLE-3's d2t.
+        vocab = np.asarray(cfg.draft_vocab or range(cfg.target_vocab), np.int32)
+        w.add_tensor("d2t", vocab)
+        _write_out(w)
 
 
 def read_gguf(path: Path) -> tuple[JakiroConfig, dict[str, np.ndarray]]:
@@ -87,28 +82,30 @@ def write_head_gguf(ckpt: dict, path: Path) -> None:
     """An acceptance head, float32 throughout (it is tiny): tensors in.*, blk.N.up.*,
     blk.N.down.*, out.*, q_scale; metadata names the target, tokenizer and drafter it was made for,
     the label it predicts (greedy or sampled) and its held-out calibration."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".partial")
-    w = GGUFWriter(str(tmp), HEAD_ARCH)
-    values = {**ckpt["meta"], **{k: ckpt[k] for k in ("hidden", "n_blocks", "label", "d_model")}}
-    w.add_name(f"acceptance head of {values['drafter']} for {values['target']}")
-    for key, suffix, kind in HEAD_META:
-        _add(w, f"{HEAD_ARCH}.{suffix}", kind(values[key]))
-    # What reads the head's features: a draft model's hidden state, or a Jakiro branch feature
-    # (heads from before this key are draft models').
-    w.add_string(f"{HEAD_ARCH}.drafter.kind", values.get("drafter_kind", "draft"))
-    for key, v in ckpt.get("report", {}).items():
-        w.add_float64(f"{HEAD_ARCH}.heldout.{key}", float(v))
-    for name, value in ckpt["state"].items():  # torch: inp, blocks.N.0 (up), blocks.N.2 (down), out
-        parts = name.split(".")
-        if parts[0] == "blocks":
-            name = f"blk.{parts[1]}.{'up' if parts[2] == '0' else 'down'}.{parts[3]}"
-        w.add_tensor(name.replace("inp.", "in."), np.ascontiguousarray(value.float().numpy(), np.float32))
+    with replacing(Path(path)) as tmp:
+        w = GGUFWriter(str(tmp), HEAD_ARCH)
+        values = {**ckpt["meta"], **{k: ckpt[k] for k in ("hidden", "n_blocks", "label", "d_model")}}
+        w.add_name(f"acceptance head of {values['drafter']} for {values['target']}")
+        for key, suffix, kind in HEAD_META:
+            _add(w, f"{HEAD_ARCH}.{suffix}", kind(values[key]))
+        # What reads the head's features: a draft model's hidden state, or a Jakiro branch feature
+        # (heads from before this key are draft models').
+        w.add_string(f"{HEAD_ARCH}.drafter.kind", values.get("drafter_kind", "draft"))
+        for key, v in ckpt.get("report", {}).items():
+            w.add_float64(f"{HEAD_ARCH}.heldout.{key}", float(v))
+        for name, value in ckpt["state"].items():  # torch: inp, blocks.N.0 (up), blocks.N.2 (down), out
+            parts = name.split(".")
+            if parts[0] == "blocks":
+                name = f"blk.{parts[1]}.{'up' if parts[2] == '0' else 'down'}.{parts[3]}"
+            w.add_tensor(name.replace("inp.", "in."), np.ascontiguousarray(value.float().numpy(), np.float32))
+        _write_out(w)
+
+
+def _write_out(w: GGUFWriter) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    os.replace(tmp, path)
 
 
 def _add(w: GGUFWriter, key: str, value: str | int | float) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import re
 import subprocess
@@ -142,7 +141,5 @@ def add_local(path: str, name: str | None = None) -> Path:
         partial.unlink(missing_ok=True)
     local = store.read_local_registry()
     local[name] = {"sha256": digest, "size": size, "path": str(src), "description": f"local: {src}"}
-    tmp = store.local_registry_path().with_suffix(".tmp")
-    tmp.write_text(json.dumps(local, indent=2))
-    os.replace(tmp, store.local_registry_path())
+    store.write_local_registry(local)
     return final

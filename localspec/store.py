@@ -12,7 +12,7 @@ from pathlib import Path
 from localspec import found
 from localspec.llama.model import check_gguf
 from localspec.errors import LocalspecError
-from localspec.paths import data_dir
+from localspec.paths import data_dir, write_whole
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b-instruct"  # auto's, and --drafter draft's
@@ -77,7 +77,20 @@ def local_registry_path() -> Path:
 
 def read_local_registry() -> dict:
     path = local_registry_path()
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        local = json.loads(path.read_text())
+        if not isinstance(local, dict):
+            raise ValueError("not an object")
+        return local
+    except (ValueError, UnicodeDecodeError) as e:
+        raise LocalspecError(f"{path} is not a model registry ({e}): move it aside, "
+                             "then `localspec pull` the local models again") from None
+
+
+def write_local_registry(local: dict) -> None:
+    write_whole(local_registry_path(), json.dumps(local, indent=2).encode())
 
 
 def registry() -> dict[str, ModelEntry]:
@@ -159,7 +172,7 @@ def remove(name: str) -> Path:
     path.unlink()
     local = read_local_registry()
     if local.pop(name, None) is not None:
-        local_registry_path().write_text(json.dumps(local, indent=2))
+        write_local_registry(local)
     return path
 
 

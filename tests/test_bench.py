@@ -96,6 +96,9 @@ def test_warm_answers_are_generated_once_and_cached(small_path, tmp_path):
             cached[key] = [7, 8, 9]
         cache.write_text(json.dumps(cached))
         assert warm_documents(engine, warm, 6, cache)[1:] == [[7, 8, 9], [7, 8, 9]]
+        cache.write_text('{"torn')  # a cache cut off mid-write is made again, not a traceback
+        assert warm_documents(engine, warm, 6, cache) == docs
+        assert len(json.loads(cache.read_text())) == 2
     finally:
         engine.close()
 

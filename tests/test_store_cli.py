@@ -81,6 +81,13 @@ def write_local_registry(home, entries):
     (home / "models" / "local.json").write_text(json.dumps(entries))
 
 
+def test_a_corrupt_local_registry_is_one_line_and_kept(home):
+    (home / "models" / "local.json").write_text('{"mine": {"sha256": ')  # torn by a crash
+    before = snapshot(home)
+    assert_one_line_error(localspec("models", home=home), "local.json is not a model registry", "move it aside")
+    assert snapshot(home) == before
+
+
 def test_failed_download_stores_nothing(home):
     write_local_registry(home, {"ghost": {"sha256": "0" * 64, "size": 10, "packages": [
         {"package": "localspec-no-such-package-for-tests", "version": "0.0.1"}]}})
@@ -186,7 +193,7 @@ def test_a_disk_that_takes_no_more_still_gives_the_answer(small_path, tmp_path):
     assert "not caching" in r.stderr  # the cost curve (2 KiB)
     # the answer went into the store's log (80 bytes), its index (136) did not
     assert "suffix index not saved" in r.stderr and "not learning" not in r.stderr
-    assert not list((tmp_path / "home").rglob("*.tmp"))
+    assert not list((tmp_path / "home").rglob("*.partial"))
 
 
 def test_a_bench_checks_where_it_will_write_before_it_runs(small_path, tmp_path):
@@ -233,3 +240,20 @@ def test_stdout_holds_only_the_answer_and_help_speaks_to_users(small_path):
     assert r.stdout.endswith("\n") and len(r.stdout.strip()) > 0
     text = localspec("--help").stdout
     assert "faster" in text and "exactly the output" in text and "dataclass" not in text
+
+
+def test_a_file_replaced_whole_or_not_at_all(tmp_path):
+    """What every writer of a kept file goes through (checkpoints, GGUFs, registries, caches):
+    a write that fails midway leaves the old file and no half one beside it."""
+    from localspec.paths import replacing, write_whole
+
+    path = tmp_path / "drafter.gguf"
+    write_whole(path, b"old")
+    with pytest.raises(KeyboardInterrupt):
+        with replacing(path) as tmp:
+            tmp.write_bytes(b"half of the n")
+            raise KeyboardInterrupt  # Ctrl+C in the middle of a conversion
+    assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["drafter.gguf"]
+    with replacing(path) as tmp:
+        tmp.write_bytes(b"new")
+    assert path.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["drafter.gguf"]

@@ -4,7 +4,6 @@ decoding in the same process, and keep the numbers a table needs."""
 from __future__ import annotations
 
 import collections
-import json
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,14 +182,15 @@ def warm_documents(engine: Engine, warm: Warm, max_tokens: int, cache: Path | No
     """The token documents `warm` stands for: its texts, and the model's plain greedy answers
     to its prompts (kept in `cache`, keyed by model and prompt, as they take a while)."""
     docs = [engine.model.tokenize(t, add_special=False, parse_special=False) for t in warm.texts]
-    known = json.loads(cache.read_text()) if cache and cache.exists() else {}
+    known = paths.read_cache(cache, {}) if cache else {}
+    if not isinstance(known, dict):
+        known = {}
     for p in warm.prompts:
         key = f"{engine.model.path.stem}/{max_tokens}/{p.id}/{zlib.crc32(p.prompt.encode())}"
         if key not in known:
             known[key], _ = run_ours(engine, prompt_tokens(engine, p), NONE, max_tokens, SamplingConfig())
             if cache:
-                cache.parent.mkdir(parents=True, exist_ok=True)
-                cache.write_text(json.dumps(known))
+                paths.write_cache(cache, known)
         docs.append([t for t in known[key] if not engine.model.is_eog(t)])
         advance(1)
     return docs

@@ -19,8 +19,7 @@ from localspec import _native
 from localspec.llama.context import Context
 from localspec.llama.curve import CostCurve
 from localspec.llama.live import LiveCurve
-from localspec.paths import cache_dir, write_whole
-from localspec.progress import notice_on_stderr
+from localspec.paths import cache_dir, write_cache
 
 LOOP_MARGIN = 0.25  # a cached curve from which the loop's forwards strayed more is measured again
 LOOP_FORWARDS = 32  # ... over at least this many forwards
@@ -48,7 +47,7 @@ def keep(ctx: Context, curve: CostCurve, again: bool = False) -> None:
         again = again or bool(old.get("coarse") and old.get("measured_again"))
     except (OSError, ValueError, AttributeError):
         pass
-    write_json(path, asdict(curve) | {"model": str(ctx.model.path), "llama_cpp": ll.__version__,
+    write_cache(path, asdict(curve) | {"model": str(ctx.model.path), "llama_cpp": ll.__version__,
                                       "measured_again": again})
 
 
@@ -88,15 +87,4 @@ def record_loop(path: Path, live: LiveCurve) -> None:
         return
     data["loop"] = {"forwards": forwards, "ratio": ratio, "by_batch": by_batch,
                     "at": time.strftime("%Y-%m-%d %H:%M:%S"), "learned": live.learned()}
-    write_json(path, data)
-
-
-def write_json(path: Path, data) -> None:
-    """Write a cache file whole (a crash leaves the old one or the new one); one the disk will
-    not take (full) is said and skipped, measured again next time, not a failed command. A
-    cache folder that cannot be made (a file in its place) is an error."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        write_whole(path, json.dumps(data, indent=2).encode())
-    except OSError as e:
-        notice_on_stderr(f"not caching {path.name}: {e.strerror or e}")
+    write_cache(path, data)

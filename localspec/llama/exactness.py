@@ -13,9 +13,9 @@ from pathlib import Path
 
 from localspec.llama.context import Context
 from localspec.llama.curve import MAX_BATCH, CostCurve, read_curve
-from localspec.llama.curve_cache import cache_key, write_json
+from localspec.llama.curve_cache import cache_key
 from localspec.llama.timing import Turn, batch_sizes, filler_tokens
-from localspec.paths import cache_dir
+from localspec.paths import cache_dir, write_cache
 
 
 def measure_discrepancy(ctx: Context, max_batch: int = 12, contexts=(64, 320), widest: int = MAX_BATCH,
@@ -71,7 +71,7 @@ def exactness(ctx: Context, turn: Turn = contextlib.nullcontext) -> tuple[float,
     known = read_exactness(ctx)
     if known is None:
         known = measure_discrepancy(ctx, turn=turn)
-        write_json(_exactness_path(ctx), list(known))
+        write_cache(_exactness_path(ctx), list(known))
     return known
 
 

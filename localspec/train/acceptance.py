@@ -34,6 +34,7 @@ from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig
 from localspec.errors import LocalspecError
 from localspec.loop import generate
+from localspec.paths import replacing
 from localspec.progress import progress_bar
 from localspec.sampling import TokenSampler
 from localspec.train.corpus import training_examples
@@ -117,9 +118,8 @@ def collect(cfg: HeadTrainConfig, texts: list[str] | None = None) -> Path:
             for i, prompt in todo:
                 rows = sequence(prompt, seed=cfg.seed * 100_003 + i)
                 if rows is not None:
-                    tmp = data / f"seq-{i:05d}.partial.npz"
-                    np.savez(tmp, **rows)
-                    tmp.rename(data / f"seq-{i:05d}.npz")
+                    with replacing(data / f"seq-{i:05d}.npz") as tmp, open(tmp, "wb") as f:
+                        np.savez(f, **rows)
                 advance(1)
     finally:
         for c in reversed(closing):

@@ -9,7 +9,6 @@ an interrupted extraction resumes after its last finished shard."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -19,6 +18,7 @@ import numpy as np
 from localspec.llama.context import Context, ContextConfig, hidden_rows
 from localspec.llama.model import Model
 from localspec.errors import LocalspecError
+from localspec.paths import replacing, write_whole
 from localspec.progress import progress_bar
 from localspec.train.corpus import Example
 
@@ -107,15 +107,12 @@ class FeatureStore:
             "hidden": np.concatenate([h for _, h in buf]).astype(np.float16),
         }
         for key, value in arrays.items():
-            tmp = self.dir / f"{name}.{key}.tmp.npy"
-            np.save(tmp, value)
-            os.replace(tmp, self.dir / f"{name}.{key}.npy")
+            with replacing(self.dir / f"{name}.{key}.npy") as tmp, open(tmp, "wb") as f:
+                np.save(f, value)  # (a file object: given a path, np.save would add ".npy")
         self.manifest["shards"].append({"name": name, "n_tokens": int(sum(lengths)),
                                         "n_examples": len(buf)})
         self.manifest["n_examples"] = n_examples
-        tmp = self.manifest_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.manifest, indent=1))
-        os.replace(tmp, self.manifest_path)
+        write_whole(self.manifest_path, json.dumps(self.manifest, indent=1).encode())
         return self.load(name)
 
 

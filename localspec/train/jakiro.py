@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch.nn.functional as F
 from localspec.drafters.jakiro_config import JakiroConfig
 from localspec.llama.model import Model
 from localspec.errors import LocalspecError
+from localspec.paths import replacing, write_whole
 from localspec.progress import progress_bar
 from localspec.train.corpus import training_examples
 from localspec.train.features import FeatureStore, Shard
@@ -187,10 +187,9 @@ class Trainer:
         ckpt = {"config": self.jcfg.to_dict(), "state": self.net.state_dict(),
                 "optimizer": self.opt.state_dict(), "progress": self.progress,
                 "train_config": {k: str(v) for k, v in asdict(self.cfg).items()}}
-        tmp = self.ckpt_path.with_suffix(".tmp")
-        torch.save(ckpt, tmp)
-        os.replace(tmp, self.ckpt_path)
-        (self.cfg.out / "history.json").write_text(json.dumps(self.progress["history"], indent=1))
+        with replacing(self.ckpt_path) as tmp:
+            torch.save(ckpt, tmp)
+        write_whole(self.cfg.out / "history.json", json.dumps(self.progress["history"], indent=1).encode())
         if last or time.monotonic() - self._plotted >= PLOT_EVERY:
             plot_losses(self.progress["history"], self.cfg.out / "loss.png")
             self._plotted = time.monotonic()
@@ -235,10 +234,9 @@ def plot_losses(history: list[dict], path: Path) -> None:
         ax.set_xlabel("step")
         ax.legend()
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=90)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=90, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def train_jakiro(cfg: TrainConfig) -> Path:
