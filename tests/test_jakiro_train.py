@@ -65,6 +65,15 @@ def test_features_are_the_models_hidden_states_and_extraction_resumes(small_mode
     with Context(small_model, ContextConfig(n_ctx=512, embeddings=True)) as ctx:
         row = ctx.extend(tokens.tolist())
         np.testing.assert_allclose(hidden[-1], ctx.hidden(row), atol=2e-2, rtol=1e-2)  # f16 storage
+    # Damaged by something else (a disk error, a hand): one line naming the folder, nothing removed.
+    kept = sorted(p.name for p in again.dir.iterdir())
+    (again.dir / "shard-00001.hidden.npy").write_bytes(b"\x93NUMPY torn")
+    with pytest.raises(LocalspecError, match="features in .* are damaged .*shard-00001.*move that folder aside"):
+        FeatureStore(tmp_path, small_model).shards()
+    again.manifest_path.write_text('{"target": "smol", "shards": [{"na')
+    with pytest.raises(LocalspecError, match="damaged .*manifest.json"):
+        FeatureStore(tmp_path, small_model)
+    assert sorted(p.name for p in again.dir.iterdir()) == kept
 
 
 def tiny_config(small_model, **kw) -> JakiroConfig:

@@ -49,8 +49,14 @@ class FeatureStore:
         self.dir = Path(root) / f"{model.path.stem}-{model.tokenizer_hash}-{model.n_embd}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.manifest_path = self.dir / "manifest.json"
-        self.manifest = json.loads(self.manifest_path.read_text()) if self.manifest_path.exists() \
-            else {"target": model.path.name, "n_embd": model.n_embd, "shards": [], "n_examples": 0}
+        self.manifest = {"target": model.path.name, "n_embd": model.n_embd, "shards": [], "n_examples": 0}
+        if self.manifest_path.exists():
+            try:
+                self.manifest = json.loads(self.manifest_path.read_text())
+                if not isinstance(self.manifest, dict) or not isinstance(self.manifest.get("shards"), list):
+                    raise ValueError("not a manifest of shards")
+            except ValueError as e:
+                raise self._damaged(self.manifest_path, e) from None
 
     @property
     def n_tokens(self) -> int:
@@ -60,9 +66,16 @@ class FeatureStore:
         return [self.load(s["name"]) for s in self.manifest["shards"]]
 
     def load(self, name: str) -> Shard:
-        arrays = {k: np.load(self.dir / f"{name}.{k}.npy", mmap_mode="r")
-                  for k in ("tokens", "mask", "offsets", "hidden")}
+        try:
+            arrays = {k: np.load(self.dir / f"{name}.{k}.npy", mmap_mode="r")
+                      for k in ("tokens", "mask", "offsets", "hidden")}
+        except (OSError, ValueError) as e:
+            raise self._damaged(self.dir / name, e) from None
         return Shard(**arrays)
+
+    def _damaged(self, what: Path, e: Exception) -> LocalspecError:
+        return LocalspecError(f"the extracted features in {self.dir} are damaged ({what.name}: {e}): "
+                              "move that folder aside and train again to extract them anew")
 
     def extract(self, examples: Iterable[Example], max_tokens: int, shard_tokens: int = 32768,
                 n_threads: int = 0) -> Iterator[Shard]:
