@@ -479,7 +479,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
     from localspec import paths, pull, store
     from localspec.bench import anchors as anchor_mod
     from localspec.bench import report, workloads
-    from localspec.bench.runner import answers_cache, run_bench, warm_documents
+    from localspec.bench.runner import Interrupted, answers_cache, run_bench, warm_documents
     from localspec.progress import progress_bar
 
     if a.draft_curve and not a.curve:
@@ -518,15 +518,23 @@ def cmd_bench(a: argparse.Namespace) -> None:
                                           engine.cfg.n_ctx, engine.cfg.threads, lookup_cache,
                                           engine.cfg.rpc, engine.model.n_gpu_layers)
     trace: list = []
+    interrupted = None
     try:
         with progress_bar(f"bench {cfg.workload}", len(prompts), unit="prompts") as advance:
             configs = run_bench(engine, prompts, list(specs), cfg.max_tokens, sampling, anchors,
                                 advance, traced=traced, trace=trace, repeat=cfg.repeat, warm=docs)
+    except Interrupted as stop:  # Ctrl+C: what was finished is reported and kept, then the exit
+        if not stop.configs[0].runs:
+            raise KeyboardInterrupt from None
+        configs, interrupted = stop.configs, stop
     finally:
         for anchor in anchors:
             anchor.close()
     title = bench_title(a, cfg, engine.model.path.stem, len(prompts), sampling.temperature)
     projected_on = projection.target if projection else None
+    if interrupted:
+        title += f" · interrupted: {interrupted.done} of {len(prompts)} prompts finished, " \
+                 f"{len(configs[0].runs)} turns"
     print(f"\n{title}\n\n{report.table(configs, projected_on)}")
     ceiling = report.ceiling_line(configs)
     if ceiling:
@@ -536,7 +544,8 @@ def cmd_bench(a: argparse.Namespace) -> None:
             "max_tokens": cfg.max_tokens, "temperature": sampling.temperature, "repeat": cfg.repeat,
             "seed": sampling.seed, "discrepancy": engine.exactness()[0],
             "projected_on": a.curve or None, "drafts_priced_on": a.draft_curve or None,
-            "rows_read_on": "device" if engine.ctx.config.sample_on_device else "host", "argv": sys.argv[1:]}
+            "rows_read_on": "device" if engine.ctx.config.sample_on_device else "host", "argv": sys.argv[1:],
+            "interrupted": bool(interrupted), "prompts_finished": interrupted.done if interrupted else len(prompts)}
     if cfg.json_out:
         report.write_json(configs, meta, Path(cfg.json_out), projected_on)
     if cfg.chart:
@@ -546,6 +555,8 @@ def cmd_bench(a: argparse.Namespace) -> None:
         report.trace_chart(trace, f"{traced.label} · {title}", Path(a.trace))
         print(f"trace: {a.trace}")
     engine.close()
+    if interrupted:
+        raise KeyboardInterrupt  # the exit an interrupt gives (130)
 
 
 def bench_engine(a: argparse.Namespace, specs: list[DrafterSpec]):

@@ -13,7 +13,7 @@ from conftest import RECORDED_CURVE
 from localspec.bench import workloads
 from localspec.bench.anchors import LLAMA_TOOLS, SERVER_CONFIGS, ServerAnchor, write_ngram_cache
 from localspec.bench.report import speedup_interval
-from localspec.bench.runner import Config, Learnt, Run, run_bench, run_ours, warm_documents
+from localspec.bench.runner import Config, Interrupted, Learnt, Run, run_bench, run_ours, warm_documents
 from localspec.drafters.spec import DrafterSpec
 from localspec.errors import LocalspecError
 from localspec.engine import Engine, EngineConfig
@@ -79,6 +79,30 @@ def test_each_configuration_learns_only_from_its_own_runs(small_path):
         learnt.next_turn()
         learnt.before("suffix")
         assert counts() == after_suffix  # the next turn goes on from the configuration's own
+    finally:
+        engine.close()
+
+
+def test_an_interrupted_bench_keeps_the_turns_every_configuration_finished(small_path):
+    """Ctrl+C after the first prompt, in the middle of the second's turns: the first is kept
+    whole for every configuration (the CLI prints and writes it, then exits 130), the
+    unfinished turn for none."""
+    engine = Engine(EngineConfig(model=str(small_path), n_ctx=2048, threads=2, store=":memory:"))
+    ran = []
+
+    def interrupting(engine, tokens, spec, *args, **kw):
+        ran.append(spec.label)
+        if len(ran) == 6:  # the second prompt: plain and suffix ran, auto is next
+            raise KeyboardInterrupt
+        return run_ours(engine, tokens, spec, *args, **kw)
+    try:
+        prompts = workloads.humaneval(3)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("localspec.bench.runner.run_ours", interrupting)
+            with pytest.raises(Interrupted) as stop:
+                run_bench(engine, prompts, [DrafterSpec("suffix"), DrafterSpec("auto")], 8, SamplingConfig())
+        assert stop.value.done == 1 and [len(c.runs) for c in stop.value.configs] == [1, 1, 1]
+        assert all(r.identical or r.tie for c in stop.value.configs for r in c.runs)
     finally:
         engine.close()
 
