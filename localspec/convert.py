@@ -118,11 +118,19 @@ def _add(w: GGUFWriter, key: str, value: str | int | float) -> None:
         w.add_uint32(key, value)
 
 
-def convert_checkpoint(checkpoint: Path, out: Path, dtype: str = "q8_0") -> Path:
+def read_checkpoint(path: Path) -> dict:
+    """A training checkpoint (torch's file: `train` writes and resumes it, `convert` reads it)."""
     import torch
-    if not Path(checkpoint).exists():
-        raise LocalspecError(f"checkpoint not found: {checkpoint}")
-    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    if not Path(path).exists():
+        raise LocalspecError(f"checkpoint not found: {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch's readers raise many kinds on a damaged file
+        raise LocalspecError(f"{path} is damaged ({type(e).__name__}): move it aside, or restore it") from None
+
+
+def convert_checkpoint(checkpoint: Path, out: Path, dtype: str = "q8_0") -> Path:
+    ckpt = read_checkpoint(checkpoint)
     if ckpt.get("kind") == HEAD_ARCH:
         write_head_gguf(ckpt, out)
         return Path(out)

@@ -186,6 +186,22 @@ def tiny_run(small_path, tmp_path_factory):
     return out, gguf
 
 
+def test_a_damaged_checkpoint_is_one_line_for_train_and_convert(tiny_run, small_path, tmp_path, capsys):
+    out, _ = tiny_run
+    (tmp_path / "run").mkdir()
+    damaged = tmp_path / "run" / "checkpoint.pt"
+    damaged.write_bytes((out / "checkpoint.pt").read_bytes()[:5000])  # cut off by a crash elsewhere
+    capsys.readouterr()
+    assert main(["convert", str(damaged), str(tmp_path / "d.gguf")]) == 1
+    assert main(["train", "jakiro", "--target", str(small_path), "--out", str(tmp_path / "run"),
+                 "--max-tokens", "4000", "--features", str(out / "features")]) == 1
+    errors = capsys.readouterr().err.strip().splitlines()
+    said = [line for line in errors if "error" in line]
+    assert len(said) == 2 and all(line.startswith(f"localspec: error: {damaged} is damaged (")
+                                  and line.endswith("): move it aside, or restore it") for line in said), errors
+    assert damaged.stat().st_size == 5000 and not (tmp_path / "d.gguf").exists()
+
+
 def test_train_a_tiny_drafter_from_scratch_then_convert_and_inspect(tiny_run, capsys):
     """The drafter learns (its agreement with the target's next token rises well above where
     it started), and the GGUF names its target."""

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from localspec.convert import read_checkpoint
 from localspec.drafters.jakiro_config import JakiroConfig
 from localspec.llama.model import Model
 from localspec.errors import LocalspecError
@@ -124,7 +125,7 @@ class Trainer:
         self.ckpt_path = cfg.out / "checkpoint.pt"
         self._plotted = -PLOT_EVERY  # when loss.png was last drawn (time.monotonic)
         if self.ckpt_path.exists():
-            ckpt = torch.load(self.ckpt_path, weights_only=False)
+            ckpt = read_checkpoint(self.ckpt_path)
             self.jcfg = JakiroConfig.from_dict(ckpt["config"])
             if self.jcfg.target_tokenizer != self.model.tokenizer_hash:
                 raise LocalspecError(f"{self.ckpt_path} was trained for another target "
