@@ -211,6 +211,8 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def cmd_serve(a: argparse.Namespace) -> None:
+    import signal
+
     import uvicorn
 
     from localspec.engine import Engine
@@ -234,6 +236,10 @@ def cmd_serve(a: argparse.Namespace) -> None:
     worker = Worker(load, failed)
     print(f"localspec serving {a.model} on http://{a.host}:{a.port} (/infill, /completion, /v1/*); "
           "loading …", file=sys.stderr, flush=True)
+    # uvicorn shuts down on SIGTERM (a service manager's stop, `kill`) as on Ctrl-C, then
+    # raises the signal again: by default that ended the process before the engine closed
+    # (the suffix store's index unsaved). An exit instead lets `finally` close it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         uvicorn.run(create_app(worker, ServeConfig(api_key=a.api_key)), host=a.host, port=a.port,
                     log_level="warning", timeout_graceful_shutdown=5)

@@ -54,11 +54,12 @@ CODE_FIM = {"id_slot": 0, "input_prefix": VIM_FIM["input_prefix"], "input_suffix
 
 
 @contextmanager
-def serving(model, *args, threads: int = 1, ctx: int = 1024):
+def serving(model, *args, threads: int = 1, ctx: int = 1024, env: dict | None = None):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "localspec.cli", "serve", "-m", str(model), "--port", str(port),
                              "--threads", str(threads), "--ctx", str(ctx), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=None if env is None else {**os.environ, **env})
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300
@@ -369,6 +370,18 @@ def test_api_key_and_hosts(small_path):
         assert json.loads(vim_post(url + "/completion", {"prompt": "hi", "n_predict": 2}))["error"]["code"] == 401
         assert httpx.post(url + "/completion", json={"prompt": "hi", "n_predict": 2},
                           headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_a_server_stopped_by_sigterm_closes_as_after_ctrl_c(small_path, tmp_path):
+    """A service manager's stop (SIGTERM) shuts down gracefully and closes the engine: the
+    suffix store's index is saved beside its log, and the exit is 0."""
+    with serving(small_path, env={"LOCALSPEC_SUFFIX_DIR": str(tmp_path)}) as (url, proc):
+        r = httpx.post(url + "/completion", json={"prompt": "def add(a, b):", "n_predict": 8}, timeout=60)
+        assert r.status_code == 200
+        proc.terminate()
+        assert proc.wait(30) == 0
+    (store,) = tmp_path.iterdir()
+    assert (store / "answers.log").stat().st_size > 60 and (store / "index.bin").exists()  # the answer, its index
 
 
 def test_a_model_that_cannot_load_is_said_in_the_terminal_and_to_every_request(small_path):
