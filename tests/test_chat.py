@@ -173,6 +173,28 @@ def test_quit_and_reopen_rename_delete_export(small_path, tmp_path, monkeypatch)
     assert titles == ["Renamed", "Hello there"] and after == ["Hello there"]
 
 
+def test_a_closed_terminal_quits_as_ctrl_q_does(small_path, tmp_path):
+    """SIGHUP (the terminal window closed) in the middle of an answer: the app quits, the
+    answer so far is saved and marked stopped, as Ctrl+Q leaves it."""
+    async def go():
+        app = Recording(config(small_path, tmp_path, max_tokens=300))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await ready(pilot)
+            app.query_one("#prompt").insert("Tell me a very long story about a dragon.")
+            await pilot.press("enter")
+            await until(pilot, lambda: app.answer is not None and len(app.answer.text) > 40)
+            os.kill(os.getpid(), signal.SIGHUP)
+            for _ in range(200):
+                await asyncio.sleep(0.05)
+                if app.return_code is not None:
+                    break
+        return app.return_code
+    assert run(go()) == 0
+    store = Store(tmp_path / "chats.db")
+    user, answer = store.messages(1)
+    assert answer.role == "assistant" and len(answer.text) > 40 and answer.stopped
+
+
 def test_a_killed_process_loses_at_most_the_last_second(small_path, tmp_path):
     """The real app in a real process (headless, driven by its pilot), killed while it
     writes: what the database holds at the kill is a prefix of the answer, saved less than a

@@ -7,7 +7,9 @@ conversation and saves them as they come (at least every second)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import sqlite3
 import sys
 import time
@@ -128,6 +130,10 @@ class ChatApp(EngineLoading, ChatCommands, App):
         yield Footer()
 
     def on_mount(self) -> None:
+        # The terminal closed (SIGHUP) or a stop (SIGTERM): quit as Ctrl+Q does, the answer
+        # being written saved and marked stopped (by default the process died mid-answer).
+        for sig in (signal.SIGHUP, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, self.exit)
         self.store = Store(self.db_path)
         if self.store.moved_aside:
             self.notify(f"The conversations database could not be read: it was moved to "
