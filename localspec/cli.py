@@ -68,7 +68,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "penalties or top-k 0 need them) or its full logits on the host; auto (the "
                         "default): device where the output layer is offloaded or a bench projects on "
                         "a --curve, host on the CPU")
-    p.add_argument("--rollback", type=int, default=0, metavar="N",
+    p.add_argument("--rollback", type=arg_type(count), default=0, metavar="N",
                    help="a hybrid or recurrent target (Qwen3.5, LFM2, Nemotron-H) keeps N steps of its "
                         "state for verification to roll a chain back by (llama.cpp's n_rs_seq; chains of "
                         "up to N, in one sequence); 0 (the default): a rejected batch is undone from a copy "
@@ -85,7 +85,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--min-p", type=float, default=0.05)
     p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="sampling's seed (-1, or none: a random one, as llama.cpp)")
 
 
 def check_writable(option: str, where: str | None) -> None:
@@ -176,7 +176,8 @@ def pulled_config(a: argparse.Namespace, drafters: list[DrafterSpec]):
 def sampling_config(a: argparse.Namespace):
     from localspec.sampling import SamplingConfig
     return SamplingConfig(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
-                          min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed)
+                          min_p=a.min_p, repeat_penalty=a.repeat_penalty,
+                          seed=None if a.seed == -1 else a.seed)
 
 
 def cmd_generate(a: argparse.Namespace) -> None:
@@ -722,7 +723,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--gamma", type=int, default=6, help="draft steps per round")
     t.add_argument("--code-share", type=float, default=0.5, help="share of examples that are code")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--threads", type=int, default=0)
+    t.add_argument("--threads", type=arg_type(count), default=0)
     t.set_defaults(func=cmd_train)
 
     cv = sub.add_parser("convert", help="write a trained drafter checkpoint as GGUF")

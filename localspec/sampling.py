@@ -35,6 +35,9 @@ class SamplingConfig:
             raise LocalspecError(f"repeat penalty must be above 0 (1 is off), not {self.repeat_penalty}")
         if not self.temperature >= 0:
             raise LocalspecError(f"temperature must be 0 (greedy) or above, not {self.temperature}")
+        if self.seed is not None and not 0 <= self.seed < 2**64:
+            raise LocalspecError(f"seed must be 0 to 2^64 - 1 (none, or -1 where llama.cpp takes it: a random one), "
+                                 f"not {self.seed}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise LocalspecError(f"logprobs: 0 to {MAX_LOGPROBS} alternatives, not {self.logprobs}")
 

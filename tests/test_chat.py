@@ -328,3 +328,26 @@ def test_a_database_that_takes_no_more_keeps_what_was_typed_and_the_app(small_pa
     assert running and kept == text  # as typed
     assert sum("Not saved" in n and "full" in n for n in notices) == 1, notices
     assert [m.role for m in saved] == ["user", "assistant"] * 2 and saved[2].text == text.rstrip()
+
+
+def test_settings_refuse_a_seed_no_answer_could_use(small_path, tmp_path):
+    """A negative seed is said in the settings dialog, which stays open; the conversation keeps
+    its settings (saved, it would have failed every answer after)."""
+    from textual.widgets import Input, Label
+
+    from tui.screens import SettingsScreen
+
+    async def go():
+        app = Recording(config(small_path, tmp_path))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await ready(pilot)
+            await say(pilot, "Hi")
+            await pilot.press("f6")
+            await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+            app.screen.query_one("#seed", Input).value = "-5"
+            app.screen.save()
+            await pilot.pause()
+            problem = str(app.screen.query_one("#problem", Label).render())
+            return problem, isinstance(app.screen, SettingsScreen), app.conversation.sampling
+    problem, still_open, sampling = run(go())
+    assert problem.startswith("seed must be 0 to 2^64 - 1") and still_open and sampling.get("seed") is None

@@ -129,6 +129,10 @@ def test_settings_that_break_the_arithmetic_are_refused_and_bad_logits_still_giv
         SamplingConfig(repeat_penalty=0.0)
     with pytest.raises(LocalspecError, match="temperature"):
         SamplingConfig(temperature=-1.0)
+    for seed in (-5, 2**64):  # the native random stream takes 64 bits (-5 was a TypeError's trace)
+        with pytest.raises(LocalspecError, match="seed must be 0 to 2"):
+            SamplingConfig(temperature=0.8, seed=seed)
+    TokenSampler(SamplingConfig(temperature=0.8, seed=2**64 - 1))
     # A model that emits NaN or infinity must not crash the sampler (it once read past an
     # empty candidate list): it gives some token in the vocabulary.
     s = TokenSampler(SamplingConfig(temperature=0.8, top_k=0, seed=1))

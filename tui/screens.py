@@ -12,6 +12,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, ProgressBar, Static, TextArea
 from textual.widgets.option_list import Option
 
+from localspec.sampling import SamplingConfig
+
 KEYS = [
     ("Enter", "send the message"),
     ("Shift+Enter, Ctrl+J", "new line in the message"),
@@ -137,6 +139,7 @@ class SettingsScreen(Modal):
                 raise ValueError("temperature must be between 0 and 5")
             seed_text = self.query_one("#seed", Input).value.strip()
             seed = int(seed_text) if seed_text else None
+            SamplingConfig(temperature=temperature, seed=seed)  # what the answers will be asked with
             drafter = self.query_one("#drafter", Input).value.strip() or "auto"
             self.check_drafter(drafter)
         except Exception as e:  # noqa: BLE001 -- shown to the user, who fixes it

@@ -212,7 +212,10 @@ def read_curve(path: Path) -> CostCurve:
 def _from_table(text: str) -> dict:
     """The curve in the markdown table `localspec cost` prints: per batch, ms after the
     heading's context and ms after 4,096 tokens."""
-    n_context = int(re.search(r"after (\d+) tokens of context", text).group(1))
+    heading = re.search(r"after (\d+) tokens of context", text)
+    if heading is None:
+        raise ValueError("neither its JSON nor the table `localspec cost` prints")
+    n_context = int(heading.group(1))
     rows = [tuple(float(x) for x in m.groups()) for m in re.finditer(
         r"^\|\s*(\d+)\s*\|\s*([\d.]+)\s*\|\s*[\d.]+\s*\|\s*([\d.]+)\s*\|", text, re.M)]
     if [int(n) for n, _, _ in rows] != list(range(1, len(rows) + 1)):
