@@ -67,6 +67,15 @@ async def say(pilot, text: str) -> None:
     await until(pilot, lambda: len(app.query(MessageView)) == before + 2 and app.answer is None)
 
 
+async def long_answer_under_way(pilot) -> None:
+    """Once the model is ready, ask for a long story and wait until some of it is written."""
+    app = pilot.app
+    await ready(pilot)
+    app.query_one("#prompt").insert("Tell me a very long story about a dragon.")
+    await pilot.press("enter")
+    await until(pilot, lambda: app.answer is not None and len(app.answer.text) > 40)
+
+
 def plain(small_path, messages, max_tokens) -> str:
     """The answer of a cold engine configured as the app's (auto: with Jakiro, whose target
     features make the prompt's last rows outputs, which llama.cpp computes as a batch)."""
@@ -120,10 +129,7 @@ def test_escape_stops_the_answer_keeps_it_and_the_next_one_is_a_cold_starts(smal
     async def go():
         app = Recording(config(small_path, tmp_path, max_tokens=300))
         async with app.run_test(size=(100, 30)) as pilot:
-            await ready(pilot)
-            app.query_one("#prompt").insert("Tell me a very long story about a dragon.")
-            await pilot.press("enter")
-            await until(pilot, lambda: app.answer is not None and len(app.answer.text) > 40)
+            await long_answer_under_way(pilot)
             await pilot.press("escape")
             await until(pilot, lambda: app.answer is None)
             stopped = app.store.messages(app.conversation.id)[-1]
@@ -179,10 +185,7 @@ def test_a_closed_terminal_quits_as_ctrl_q_does(small_path, tmp_path):
     async def go():
         app = Recording(config(small_path, tmp_path, max_tokens=300))
         async with app.run_test(size=(100, 30)) as pilot:
-            await ready(pilot)
-            app.query_one("#prompt").insert("Tell me a very long story about a dragon.")
-            await pilot.press("enter")
-            await until(pilot, lambda: app.answer is not None and len(app.answer.text) > 40)
+            await long_answer_under_way(pilot)
             os.kill(os.getpid(), signal.SIGHUP)
             for _ in range(200):
                 await asyncio.sleep(0.05)
