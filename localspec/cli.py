@@ -483,10 +483,9 @@ def bench_synthetic(a: argparse.Namespace) -> None:
 
 
 def cmd_bench(a: argparse.Namespace) -> None:
-    from localspec import paths, pull, store
-    from localspec.bench import anchors as anchor_mod
     from localspec.bench import report, workloads
-    from localspec.bench.runner import Interrupted, answers_cache, run_bench, warm_documents
+    from localspec.bench.runner import (answers_cache, bench_configs, finished_turns, run_bench,
+                                        warm_documents)
     from localspec.progress import progress_bar
 
     if a.draft_curve and not a.curve:
@@ -513,35 +512,28 @@ def cmd_bench(a: argparse.Namespace) -> None:
         with progress_bar("warming the suffix store", len(warm.prompts) or 1, unit="answers") as advance:
             docs = warm_documents(engine, warm, cfg.max_tokens, answers_cache(),
                                   advance)
-    anchors = []
-    if cfg.anchors:  # llama-server's draft configurations run the same draft model as ours
-        draft = next((d.model for d in specs if d.kind in ("draft", "draft-tree") and d.model), "")
-        lookup_cache = None
-        if docs:
-            lookup_cache = paths.cache_dir() / "bench" / "ngram-cache.bin"
-            anchor_mod.write_ngram_cache(docs, lookup_cache)
-        anchors = anchor_mod.make_anchors(list(cfg.anchors), engine.model.path,
-                                          pull.resolve(draft or store.DEFAULT_DRAFT_MODEL),
-                                          engine.cfg.n_ctx, engine.cfg.threads, lookup_cache,
-                                          engine.cfg.rpc, engine.model.n_gpu_layers)
-    trace: list = []
-    interrupted = None
+    anchors = bench_anchors(cfg, specs, engine, docs)
+    configs, trace, done = bench_configs(engine, specs, anchors), [], 0
+    interrupted = False
     try:
         with progress_bar(f"bench {cfg.workload}", len(prompts), unit="prompts") as advance:
-            configs = run_bench(engine, prompts, list(specs), cfg.max_tokens, sampling, anchors,
-                                advance, traced=traced, trace=trace, repeat=cfg.repeat, warm=docs)
-    except Interrupted as stop:  # Ctrl+C: what was finished is reported and kept, then the exit
-        if not stop.configs[0].runs:
-            raise KeyboardInterrupt from None
-        configs, interrupted = stop.configs, stop
+            def finished(n: int) -> None:
+                nonlocal done
+                done += n
+                advance(n)
+            run_bench(engine, prompts, configs, cfg.max_tokens, sampling, anchors, finished,
+                      traced=traced, trace=trace, repeat=cfg.repeat, warm=docs)
+    except KeyboardInterrupt:  # Ctrl+C: what every configuration finished is reported and kept, then the exit
+        if not finished_turns(configs):
+            raise
+        interrupted = True
     finally:
         for anchor in anchors:
             anchor.close()
     title = bench_title(a, cfg, engine.model.path.stem, len(prompts), sampling.temperature)
     projected_on = projection.target if projection else None
     if interrupted:
-        title += f" · interrupted: {interrupted.done} of {len(prompts)} prompts finished, " \
-                 f"{len(configs[0].runs)} turns"
+        title += f" · interrupted: {done} of {len(prompts)} prompts finished, {len(configs[0].runs)} turns"
     print(f"\n{title}\n\n{report.table(configs, projected_on)}")
     ceiling = report.ceiling_line(configs)
     if ceiling:
@@ -552,7 +544,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
             "seed": sampling.seed, "discrepancy": engine.exactness()[0],
             "projected_on": a.curve or None, "drafts_priced_on": a.draft_curve or None,
             "rows_read_on": "device" if engine.ctx.config.sample_on_device else "host", "argv": sys.argv[1:],
-            "interrupted": bool(interrupted), "prompts_finished": interrupted.done if interrupted else len(prompts)}
+            "interrupted": interrupted, "prompts_finished": done}
     if cfg.json_out:
         report.write_json(configs, meta, Path(cfg.json_out), projected_on)
     if cfg.chart:
@@ -564,6 +556,24 @@ def cmd_bench(a: argparse.Namespace) -> None:
     engine.close()
     if interrupted:
         raise KeyboardInterrupt  # the exit an interrupt gives (130)
+
+
+def bench_anchors(cfg: BenchConfig, specs: list[DrafterSpec], engine, docs: list[list[int]]) -> list:
+    """llama-server (or llama-cpp-python) beside ours, as --anchor names them; its draft
+    configurations run the same draft model as ours, its lookup cache holds the warm documents."""
+    from localspec import paths, pull, store
+    from localspec.bench import anchors as anchor_mod
+    if not cfg.anchors:
+        return []
+    draft = next((d.model for d in specs if d.kind in ("draft", "draft-tree") and d.model), "")
+    lookup_cache = None
+    if docs:
+        lookup_cache = paths.cache_dir() / "bench" / "ngram-cache.bin"
+        anchor_mod.write_ngram_cache(docs, lookup_cache)
+    return anchor_mod.make_anchors(list(cfg.anchors), engine.model.path,
+                                   pull.resolve(draft or store.DEFAULT_DRAFT_MODEL),
+                                   engine.cfg.n_ctx, engine.cfg.threads, lookup_cache,
+                                   engine.cfg.rpc, engine.model.n_gpu_layers)
 
 
 def bench_engine(a: argparse.Namespace, specs: list[DrafterSpec]):

@@ -13,7 +13,8 @@ from conftest import RECORDED_CURVE
 from localspec.bench import workloads
 from localspec.bench.anchors import LLAMA_TOOLS, SERVER_CONFIGS, ServerAnchor, write_ngram_cache
 from localspec.bench.report import speedup_interval
-from localspec.bench.runner import Config, Interrupted, Learnt, Run, run_bench, run_ours, warm_documents
+from localspec.bench.runner import (Config, Learnt, Run, bench_configs, finished_turns, run_bench, run_ours,
+                                   warm_documents)
 from localspec.drafters.spec import DrafterSpec
 from localspec.errors import LocalspecError
 from localspec.engine import Engine, EngineConfig
@@ -40,8 +41,8 @@ def test_sessions_run_turn_by_turn_on_a_store_rolled_back_for_each_configuration
     try:
         session = workloads.Prompt("s", "session", "Name three colours.", turns=("Name three more.",))
         warm = [engine.model.tokenize("Red, green and blue are colours.", add_special=False)]
-        configs = run_bench(engine, [session], [DrafterSpec("suffix"), DrafterSpec("auto")], 24,
-                            SamplingConfig(), repeat=2, warm=warm)
+        configs = run_bench(engine, [session], bench_configs(engine, [DrafterSpec("suffix"), DrafterSpec("auto")]),
+                            24, SamplingConfig(), repeat=2, warm=warm)
         assert [len(c.runs) for c in configs] == [2, 2, 2]  # a median run per turn
         assert all(r.identical or r.tie for c in configs for r in c.runs)
         # plain's answers carry the copy ceiling: a clairvoyant copier never takes longer than plain
@@ -99,10 +100,11 @@ def test_an_interrupted_bench_keeps_the_turns_every_configuration_finished(small
         prompts = workloads.humaneval(3)
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr("localspec.bench.runner.run_ours", interrupting)
-            with pytest.raises(Interrupted) as stop:
-                run_bench(engine, prompts, [DrafterSpec("suffix"), DrafterSpec("auto")], 8, SamplingConfig())
-        assert stop.value.done == 1 and [len(c.runs) for c in stop.value.configs] == [1, 1, 1]
-        assert all(r.identical or r.tie for c in stop.value.configs for r in c.runs)
+            configs, done = bench_configs(engine, [DrafterSpec("suffix"), DrafterSpec("auto")]), []
+            with pytest.raises(KeyboardInterrupt):
+                run_bench(engine, prompts, configs, 8, SamplingConfig(), advance=done.append)
+        assert done == [1] and finished_turns(configs) == 1 and [len(c.runs) for c in configs] == [1, 1, 1]
+        assert all(r.identical or r.tie for c in configs for r in c.runs)
     finally:
         engine.close()
 

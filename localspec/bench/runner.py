@@ -209,93 +209,88 @@ def turns(engine: Engine, p: Prompt) -> Iterator[list[int]]:
         messages.append({"role": "assistant", "content": answer})
 
 
-class Interrupted(KeyboardInterrupt):
-    """The bench was interrupted (Ctrl+C): `configs` hold the turns every configuration
-    finished, `done` the prompts finished whole."""
-
-    def __init__(self, configs: list[Config], done: int):
-        super().__init__()
-        self.configs, self.done = configs, done
+def bench_configs(engine: Engine, drafters: list[DrafterSpec], anchors: list = ()) -> list[Config]:
+    """What a bench runs: plain decoding first, then every drafter of ours, then every anchor."""
+    suffix = " --strict" if engine.cfg.strict else ""
+    ours = [Config(d.label + suffix, d.label, d) for d in drafters if d.kind != "none"]
+    return [Config("plain", "none", NONE), *ours, *[Config(a.name, a.kind) for a in anchors]]
 
 
-def run_bench(engine: Engine, prompts: list[Prompt], drafters: list[DrafterSpec], max_tokens: int,
+def finished_turns(configs: list[Config]) -> int:
+    """After an interruption: drop the turn only some configurations finished; how many turns
+    every one did."""
+    n = min(len(c.runs) for c in configs)
+    for c in configs:
+        del c.runs[n:]
+    return n
+
+
+def run_bench(engine: Engine, prompts: list[Prompt], configs: list[Config], max_tokens: int,
               sampling: SamplingConfig, anchors: list | None = None,
               advance: Callable[[int], None] = lambda n: None, traced: DrafterSpec | None = None,
               trace: list | None = None, repeat: int = 1,
               warm: list[list[int]] = ()) -> list[Config]:
-    """Every configuration on every turn of every prompt, `repeat` times in alternating order
-    (plain first, then every drafter and anchor; then the other way round), keeping each
-    configuration's median run per turn. The iterations of `traced` (its first repeat) go to
+    """Every configuration (bench_configs', with these anchors) on every turn of every prompt,
+    `repeat` times in alternating order (plain first, then every drafter and anchor; then the
+    other way round), keeping each configuration's median run per turn. The iterations of `traced` (its first repeat) go to
     `trace`, a list per turn.
 
     The engine's suffix store (in memory) learns `warm` first; before each configuration runs
     a turn it is rolled back to what it held before the turn, and after the turn it learns
     plain decoding's answer once, as a user's store would. What the drafters learn from turn
-    to turn is each configuration's own (`Learnt`). Interrupted, it raises Interrupted with
-    what was finished."""
+    to turn is each configuration's own (`Learnt`). Each configuration's runs grow a turn at a
+    time (interrupted: see finished_turns)."""
     greedy = sampling.temperature <= 0
-    plain = Config("plain", "none", NONE)
-    suffix = " --strict" if engine.cfg.strict else ""
-    ours = [Config(d.label + suffix, d.label, d) for d in drafters if d.kind != "none"]
-    anchors = anchors or []
-    configs = [plain, *ours, *[Config(a.name, a.kind) for a in anchors]]
-    anchor_of = {cfg.name: a for cfg, a in zip(configs[1 + len(ours):], anchors)}
+    plain = configs[0]
+    anchor_of = {cfg.name: a for cfg, a in zip([c for c in configs if c.spec is None], anchors or [])}
     store = engine.drafters.suffix_store() if engine.cfg.store.kind == "memory" else None
     if store is not None:
         store.rollback(0)  # what generating the warm answers taught it, among others
         for doc in warm:
             store.add(doc)
-    learnt = Learnt(engine, [plain, *ours])
-    done = 0
-    try:
-        for p in prompts:
-            steps = turns(engine, p)
-            tokens = next(steps)
-            while tokens is not None:
-                mark = store.checkpoint() if store is not None else 0
-                runs: dict[str, list[tuple[Run, list[int] | str]]] = {c.name: [] for c in configs}
-                for r in range(repeat):
-                    for cfg in configs if r % 2 == 0 else configs[::-1]:
-                        if store is not None:
-                            store.rollback(mark)
-                        if cfg.spec is not None:
-                            hook = None
-                            if cfg.spec == traced and trace is not None and r == 0:
-                                trace.append([])
-                                hook = trace[-1].append
-                            learnt.before(cfg.name)
-                            runs[cfg.name].append(run_ours(engine, tokens, cfg.spec, max_tokens, sampling, hook)[::-1])
-                            learnt.ran(cfg.name)
-                        else:
-                            runs[cfg.name].append(anchor_of[cfg.name].run(p, tokens, max_tokens, sampling))
-                _, ref = runs["plain"][0]
-                ref_text = engine.model.detokenize([t for t in ref if not engine.model.is_eog(t)])
-                for cfg in configs:
-                    run, out = median_run(runs[cfg.name])
-                    if greedy and not run.failed:
-                        run.identical = out == (ref if cfg.spec is not None else ref_text)
-                        if cfg.spec is not None and not run.identical:
-                            run.tie = near_tie(engine, tokens, ref, out)
-                    cfg.runs.append(run)
-                learnt.next_turn()
-                if store is not None:
-                    store.rollback(mark)
-                if greedy:  # copying from what the store held before the turn
-                    stored = Corpus.joined(store.native.corpus()) if store is not None else Corpus()
-                    plain.runs[-1].ceiling = copy_ceiling(ref, tokens, stored, engine.planning.prepare())
-                if store is not None:
-                    store.add([t for t in ref if not engine.model.is_eog(t)])
-                try:
-                    tokens = steps.send(ref_text) if p.kind == "session" else None
-                except StopIteration:
-                    tokens = None
-            advance(1)
-            done += 1
-    except KeyboardInterrupt:
-        turns_done = min(len(c.runs) for c in configs)  # the turn it stopped in, every configuration's or none
-        for c in configs:
-            del c.runs[turns_done:]
-        raise Interrupted(configs, done) from None
+    learnt = Learnt(engine, [c for c in configs if c.spec is not None])
+    for p in prompts:
+        steps = turns(engine, p)
+        tokens = next(steps)
+        while tokens is not None:
+            mark = store.checkpoint() if store is not None else 0
+            runs: dict[str, list[tuple[Run, list[int] | str]]] = {c.name: [] for c in configs}
+            for r in range(repeat):
+                for cfg in configs if r % 2 == 0 else configs[::-1]:
+                    if store is not None:
+                        store.rollback(mark)
+                    if cfg.spec is not None:
+                        hook = None
+                        if cfg.spec == traced and trace is not None and r == 0:
+                            trace.append([])
+                            hook = trace[-1].append
+                        learnt.before(cfg.name)
+                        runs[cfg.name].append(run_ours(engine, tokens, cfg.spec, max_tokens, sampling, hook)[::-1])
+                        learnt.ran(cfg.name)
+                    else:
+                        runs[cfg.name].append(anchor_of[cfg.name].run(p, tokens, max_tokens, sampling))
+            _, ref = runs["plain"][0]
+            ref_text = engine.model.detokenize([t for t in ref if not engine.model.is_eog(t)])
+            for cfg in configs:
+                run, out = median_run(runs[cfg.name])
+                if greedy and not run.failed:
+                    run.identical = out == (ref if cfg.spec is not None else ref_text)
+                    if cfg.spec is not None and not run.identical:
+                        run.tie = near_tie(engine, tokens, ref, out)
+                cfg.runs.append(run)
+            learnt.next_turn()
+            if store is not None:
+                store.rollback(mark)
+            if greedy:  # copying from what the store held before the turn
+                stored = Corpus.joined(store.native.corpus()) if store is not None else Corpus()
+                plain.runs[-1].ceiling = copy_ceiling(ref, tokens, stored, engine.planning.prepare())
+            if store is not None:
+                store.add([t for t in ref if not engine.model.is_eog(t)])
+            try:
+                tokens = steps.send(ref_text) if p.kind == "session" else None
+            except StopIteration:
+                tokens = None
+        advance(1)
     return configs
 
 
