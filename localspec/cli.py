@@ -117,6 +117,14 @@ def count(text: str) -> int:
     return n
 
 
+def port(text: str) -> int:
+    """A TCP port: 0 (any free one) to 65535."""
+    n = count(text)
+    if n > 65535:
+        raise LocalspecError(f"a port is 0 to 65535, not {n}")
+    return n
+
+
 def arg_type(parse):
     """An argparse type from a parser that raises LocalspecError: bad input is one line of
     usage error."""
@@ -223,6 +231,7 @@ def cmd_serve(a: argparse.Namespace) -> None:
     if a.host not in LOOPBACK and not a.api_key:
         raise LocalspecError(f"serving on {a.host} lets other machines in: give --api-key KEY as well "
                              "(clients then send 'Authorization: Bearer KEY')")
+    check_port_free(a.host, a.port)  # before the model loads, not after (uvicorn's own line came then)
     # A missing or unknown model fails here (pulled_config), in one line, before serving.
     # Two caches: an editor's completions and a chat do not evict each other.
     cfg = replace(pulled_config(a, [a.drafter]), slots=2)
@@ -246,6 +255,16 @@ def cmd_serve(a: argparse.Namespace) -> None:
                     log_level="warning", timeout_graceful_shutdown=5)
     finally:
         worker.close()
+
+
+def check_port_free(host: str, port: int) -> None:
+    import socket
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        why = os.strerror(e.errno) if e.errno else str(e)
+        raise LocalspecError(f"cannot serve on {host}:{port}: {why} (another server? --port picks another)") from None
 
 
 def cmd_pull(a: argparse.Namespace) -> None:
@@ -645,7 +664,7 @@ def parser() -> argparse.ArgumentParser:
     add_engine_args(sv)
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine "
                     "only; any other needs --api-key)")
-    sv.add_argument("--port", type=int, default=8012, help="port (default: 8012, llama.vim's and "
+    sv.add_argument("--port", type=arg_type(port), default=8012, help="port (default: 8012, llama.vim's and "
                     "llama.vscode's default)")
     sv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (except /health and /v1/models)")
     sv.add_argument("--drafter", type=drafter_spec, default=DrafterSpec("auto"),
@@ -763,7 +782,7 @@ def parser() -> argparse.ArgumentParser:
                     "authentication and no encryption: use it on trusted networks only.")
     rs.add_argument("--host", default="127.0.0.1",
                     help="address to listen on (default 127.0.0.1: this machine only)")
-    rs.add_argument("--port", type=int, default=50052)
+    rs.add_argument("--port", type=arg_type(port), default=50052)
     rs.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                     help="CPU threads (default: half the cores, as llama.cpp's rpc-server)")
     rs.add_argument("--cache", action="store_true",

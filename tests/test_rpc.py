@@ -156,6 +156,9 @@ def test_rpc_server_port_in_use_is_one_line(capsys):
         taken.listen()
         assert main(["rpc-server", "--port", str(taken.getsockname()[1])]) == 1
     assert "cannot listen on 127.0.0.1:" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a usage error (it was bind()'s OverflowError and its trace)
+        main(["rpc-server", "--port", "99999"])
+    assert capsys.readouterr().err.strip().endswith("argument --port: a port is 0 to 65535, not 99999")
 
 
 @pytest.mark.unit

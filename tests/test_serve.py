@@ -372,6 +372,21 @@ def test_api_key_and_hosts(small_path):
                           headers={"Authorization": "Bearer s3cret"}).status_code == 200
 
 
+def test_a_port_taken_or_out_of_range_is_one_line_before_the_model_loads(small_path):
+    import socket
+
+    def serve(*args):
+        return subprocess.run([sys.executable, "-m", "localspec.cli", "serve", "-m", str(small_path), *args],
+                              capture_output=True, text=True, timeout=60)
+    with socket.create_server(("127.0.0.1", 0)) as taken:  # another server listens there
+        r = serve("--port", str(taken.getsockname()[1]))
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].endswith(
+        "Address already in use (another server? --port picks another)"), r.stderr
+    assert "on the CPU" not in r.stderr  # no model was loaded for nothing
+    r = serve("--port", "70000")
+    assert r.returncode == 2 and r.stderr.strip().endswith("argument --port: a port is 0 to 65535, not 70000")
+
+
 def test_a_server_stopped_by_sigterm_closes_as_after_ctrl_c(small_path, tmp_path):
     """A service manager's stop (SIGTERM) shuts down gracefully and closes the engine: the
     suffix store's index is saved beside its log, and the exit is 0."""
