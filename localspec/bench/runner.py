@@ -230,10 +230,10 @@ def run_bench(engine: Engine, prompts: list[Prompt], configs: list[Config], max_
               advance: Callable[[int], None] = lambda n: None, traced: DrafterSpec | None = None,
               trace: list | None = None, repeat: int = 1,
               warm: list[list[int]] = ()) -> list[Config]:
-    """Every configuration (bench_configs', with these anchors) on every turn of every prompt,
-    `repeat` times in alternating order (plain first, then every drafter and anchor; then the
-    other way round), keeping each configuration's median run per turn. The iterations of `traced` (its first repeat) go to
-    `trace`, a list per turn.
+    """Every configuration (from bench_configs, with these anchors) on every turn of every
+    prompt, `repeat` times in alternating order (plain first, then every drafter and anchor;
+    then the other way round), keeping each configuration's median run per turn. The
+    iterations of `traced` (its first repeat) go to `trace`, a list per turn.
 
     The engine's suffix store (in memory) learns `warm` first; before each configuration runs
     a turn it is rolled back to what it held before the turn, and after the turn it learns

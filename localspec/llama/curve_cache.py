@@ -48,7 +48,7 @@ def keep(ctx: Context, curve: CostCurve, again: bool = False) -> None:
     except (OSError, ValueError, AttributeError):
         pass
     write_cache(path, asdict(curve) | {"model": str(ctx.model.path), "llama_cpp": ll.__version__,
-                                      "measured_again": again})
+                                       "measured_again": again})
 
 
 def read_loop(path: Path) -> dict | None:
