@@ -244,7 +244,8 @@ def cmd_serve(a: argparse.Namespace) -> None:
         print(f"localspec: error: {why} (every request gets a 503 saying so; stop the server with Ctrl-C)",
               file=sys.stderr, flush=True)
     worker = Worker(load, failed)
-    print(f"localspec serving {a.model} on http://{a.host}:{a.port} (/infill, /completion, /v1/*); "
+    host = f"[{a.host}]" if ":" in a.host else a.host  # an IPv6 address, as a URL writes it
+    print(f"localspec serving {a.model} on http://{host}:{a.port} (/infill, /completion, /v1/*); "
           "loading …", file=sys.stderr, flush=True)
     # uvicorn shuts down on SIGTERM (a service manager's stop, `kill`) as on Ctrl-C, then
     # raises the signal again: by default that ended the process before the engine closed
@@ -258,13 +259,15 @@ def cmd_serve(a: argparse.Namespace) -> None:
 
 
 def check_port_free(host: str, port: int) -> None:
+    import errno
     import socket
-    try:
-        with socket.create_server((host, port)):
+    try:  # as uvicorn binds it: an address with a colon is IPv6
+        with socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET):
             pass
-    except OSError as e:
-        why = os.strerror(e.errno) if e.errno else str(e)
-        raise LocalspecError(f"cannot serve on {host}:{port}: {why} (another server? --port picks another)") from None
+    except OSError as e:  # (a name that does not resolve: a negative errno, the resolver's text)
+        why = os.strerror(e.errno) if e.errno and e.errno > 0 else str(e.strerror or e).split(" (while")[0]
+        hint = " (another server? --port picks another)" if e.errno == errno.EADDRINUSE else ""
+        raise LocalspecError(f"cannot serve on {host}:{port}: {why}{hint}") from None
 
 
 def cmd_pull(a: argparse.Namespace) -> None:
