@@ -184,8 +184,7 @@ def pulled_config(a: argparse.Namespace, drafters: list[DrafterSpec]):
 def sampling_config(a: argparse.Namespace):
     from localspec.sampling import SamplingConfig
     return SamplingConfig(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
-                          min_p=a.min_p, repeat_penalty=a.repeat_penalty,
-                          seed=None if a.seed == -1 else a.seed)
+                          min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed)
 
 
 def cmd_generate(a: argparse.Namespace) -> None:
@@ -261,13 +260,15 @@ def cmd_serve(a: argparse.Namespace) -> None:
 def check_port_free(host: str, port: int) -> None:
     import errno
     import socket
-    try:  # as uvicorn binds it: an address with a colon is IPv6
-        with socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET):
-            pass
-    except OSError as e:  # (a name that does not resolve: a negative errno, the resolver's text)
-        why = os.strerror(e.errno) if e.errno and e.errno > 0 else str(e.strerror or e).split(" (while")[0]
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn binds it
+    try:  # a name that does not resolve fails here too (socket.gaierror, an OSError)
+        address = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4]
+        with socket.socket(family) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # uvicorn's too: TIME_WAIT is free
+            s.bind(address)
+    except OSError as e:
         hint = " (another server? --port picks another)" if e.errno == errno.EADDRINUSE else ""
-        raise LocalspecError(f"cannot serve on {host}:{port}: {why}{hint}") from None
+        raise LocalspecError(f"cannot serve on {host}:{port}: {e.strerror or e}{hint}") from None
 
 
 def cmd_pull(a: argparse.Namespace) -> None:

@@ -24,7 +24,7 @@ class SamplingConfig:
     min_p: float = 0.05         # 0: off
     repeat_penalty: float = 1.0  # 1: off
     repeat_last_n: int = 64
-    seed: int | None = None     # None: a fresh random seed
+    seed: int | None = None     # None (or -1, as llama.cpp writes it): a fresh random seed
     # Each generated token's log-probability and this many likeliest alternatives' (OpenAI's
     # logprobs / top_logprobs); None: none. Reading them takes every verified row's logits.
     logprobs: int | None = None
@@ -35,9 +35,10 @@ class SamplingConfig:
             raise LocalspecError(f"repeat penalty must be above 0 (1 is off), not {self.repeat_penalty}")
         if not self.temperature >= 0:
             raise LocalspecError(f"temperature must be 0 (greedy) or above, not {self.temperature}")
+        if self.seed == -1:
+            object.__setattr__(self, "seed", None)
         if self.seed is not None and not 0 <= self.seed < 2**64:
-            raise LocalspecError(f"seed must be 0 to 2^64 - 1 (none, or -1 where llama.cpp takes it: a random one), "
-                                 f"not {self.seed}")
+            raise LocalspecError(f"seed must be 0 to 2^64 - 1, or -1 for a random one, not {self.seed}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise LocalspecError(f"logprobs: 0 to {MAX_LOGPROBS} alternatives, not {self.logprobs}")
 

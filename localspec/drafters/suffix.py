@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 
 from localspec import _native, paths
-from localspec.paths import write_whole
 from localspec.drafters.base import Budget, Drafter
 from localspec.drafters.lookup import LookupDrafter, MatchAcceptance
 from localspec.errors import LocalspecError
@@ -117,7 +116,7 @@ class SuffixStore:
     def _open(self) -> None:
         if not self.log.exists() or self.log.stat().st_size == 0:
             self.generation = int.from_bytes(os.urandom(8), "little")
-            write_whole(self.log, self._header())
+            paths.write_whole(self.log, self._header())
         with open(self.log, "rb") as f:
             start = self._check_header(f.read(4096), self.log, LOG_MAGIC)
         if not self._load_snapshot():
@@ -244,7 +243,7 @@ class SuffixStore:
         body = corpus.tobytes() + sorted_.tobytes()
         head = (self._header().replace(LOG_MAGIC, INDEX_MAGIC, 1)
                 + struct.pack("<QQQI", self.synced, len(corpus), len(sorted_), zlib.crc32(body)))
-        write_whole(self.index, head + body)
+        paths.write_whole(self.index, head + body)
         self.snapshotted = self.synced
 
     def _evict(self) -> bool:
@@ -261,7 +260,7 @@ class SuffixStore:
         corpus = self.native.corpus()
         docs = np.split(corpus, np.flatnonzero(corpus == -1) + 1)
         log = self._header() + b"".join(_record(doc[:-1]) for doc in docs if len(doc) > 1)
-        write_whole(self.log, log)
+        paths.write_whole(self.log, log)
         self.synced = len(log)
         self._snapshot()
 

@@ -19,7 +19,7 @@ from localspec import _native
 from localspec.llama.context import Context
 from localspec.llama.curve import CostCurve
 from localspec.llama.live import LiveCurve
-from localspec.paths import cache_dir, write_cache
+from localspec.paths import cache_dir, read_cache, write_cache
 
 LOOP_MARGIN = 0.25  # a cached curve from which the loop's forwards strayed more is measured again
 LOOP_FORWARDS = 32  # ... over at least this many forwards
@@ -42,11 +42,9 @@ def keep(ctx: Context, curve: CostCurve, again: bool = False) -> None:
     """Cache `curve` as ctx's. `again`: it was measured because the one before strayed (a
     whole curve that replaces a coarse one inherits that)."""
     path = cache_path(ctx)
-    try:
-        old = json.loads(path.read_text())
+    old = read_cache(path, {})
+    if isinstance(old, dict):
         again = again or bool(old.get("coarse") and old.get("measured_again"))
-    except (OSError, ValueError, AttributeError):
-        pass
     write_cache(path, asdict(curve) | {"model": str(ctx.model.path), "llama_cpp": ll.__version__,
                                        "measured_again": again})
 
@@ -79,10 +77,7 @@ def record_loop(path: Path, live: LiveCurve) -> None:
     forwards, ratio, by_batch = live.stray()
     if not forwards:
         return
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return
+    data = read_cache(path, None)
     if not isinstance(data, dict) or data.get("seconds") != live.base.seconds:
         return
     data["loop"] = {"forwards": forwards, "ratio": ratio, "by_batch": by_batch,

@@ -383,7 +383,7 @@ def make_request(e: Engine, tokens: list[int], o: schema.Options, n_predict: int
         top_k=d.top_k if o.top_k is None else o.top_k, top_p=d.top_p if o.top_p is None else o.top_p,
         min_p=d.min_p if o.min_p is None else o.min_p,
         repeat_penalty=d.repeat_penalty if o.repeat_penalty is None else o.repeat_penalty,
-        seed=None if o.seed in (None, -1) else o.seed, logprobs=logprobs)
+        seed=o.seed, logprobs=logprobs)
     room = e.ctx.n_ctx - len(tokens) + 1
     limit = room if n_predict in (None, -1) else min(max(n_predict, 1), room)
     stops = (o.stop,) if isinstance(o.stop, str) else tuple(o.stop or ())
