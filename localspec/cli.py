@@ -489,13 +489,13 @@ def bench_synthetic(a: argparse.Namespace) -> None:
         prompts = [prompt_tokens(engine, p) for p in workloads.load_warm(a.workload, a.limit)[0]]
         configs = synthetic.run_synthetic(engine, prompts, rates, a.max_tokens, a.repeat)
         text = synthetic.report(configs, rates)
-        model_path, n_ctx = engine.model.path, engine.cfg.n_ctx
+        model_path, n_ctx, n_gpu_layers = engine.model.path, engine.cfg.n_ctx, engine.model.n_gpu_layers
     finally:
         engine.close()  # llama-server gets the machine to itself
     theirs = []
     if "llama-server" in (a.anchor or []):
         theirs = synthetic.run_llama_server(model_path, prompts, rates, a.max_tokens, a.repeat, n_ctx,
-                                            cfg.threads)
+                                            cfg.threads, n_gpu_layers)
         text += "\n\n" + synthetic.report_llama(theirs, configs)
     if a.json:
         meta = {"model": str(model_path), "workload": a.workload, "n": len(prompts), "max_tokens": a.max_tokens,

@@ -1,16 +1,19 @@
 #!/bin/bash
 # On a lent GPU machine, in one device call carrying .gpu (filled by ../shared/gpu/prepare.sh,
-# with make_model.py's Q6_K scale a normal f16): llama-cpp-python built for CUDA, localspec on
-# it, a random-weight Qwen2.5-7B shape, then (issue 43) the code-edit bench with the default
-# argmax on the device, every output checked against plain decoding and any row the device
-# gave no valid token for counted; and the synthetic-acceptance bench (mean lengths 4 and 8:
-# chains, trees, a no-draft step against plain's) with the batch shapes on (auto) and off,
-# T 0.8 with top-k 40 (each row's candidates from the graph), log-probabilities (the rows read on
-# the host) against plain decoding's, Jakiro's draft trees grown on the
-# device against the target's forward (scripts/jakiro_cost.py), tiny hybrids (qwen35, lfm2:
-# chains with the recurrent state rolled back), model drafters (an MTP layer, an EAGLE-3 step),
-# then, time allowing, the Qwen3-30B-A3B-shaped MoE (../shared/gpu/make_moe.py).
-# The log, the JSON and the cost curves land in $OUT (a device call brings back 8 files).
+# then scripts/gpu-server-src.sh for llama-server's source): llama-cpp-python built for CUDA
+# (llama-server in the same build), localspec on it, random-weight Qwen2.5-7B and
+# Qwen3-30B-A3B shapes (../shared/gpu/make_model.py, make_moe.py), then (issue 43) the
+# code-edit bench with the default argmax on the device, every output checked against plain
+# decoding and any row the device gave no valid token for counted, host and forward ms by
+# batch size; the MoE's (issue 46): the same bench, synthetic acceptance, and what a batch
+# costs by its tokens (scripts/moe_tokens.py); T 0.8 with top-k 40 up to 17 rows (each row's
+# candidates from the graph), log-probabilities (the rows read on the host) against plain
+# decoding's; the synthetic-acceptance bench (mean length 4: chains, trees, a no-draft step
+# against plain's) beside llama.cpp's own loop at the same rates, and with the batch shapes off;
+# then, time allowing, Jakiro's draft trees grown on the device against the target's forward
+# (scripts/jakiro_cost.py), tiny hybrids (qwen35: chains with the recurrent state rolled back),
+# model drafters (an MTP layer, an EAGLE-3 step).
+# The log, the JSON and the cost curves (one tarball) land in $OUT (a call brings back 8 files).
 #   run(command="bash scripts/gpu-check.sh", carry=[".gpu"], timeout_s=590)
 # QUICK=1: the 7B alone (no MoE, no shapes-off run), for a second call in a short budget.
 # REHEARSE=1: on the development machine, every step as written but on the CPU, without the
@@ -48,27 +51,55 @@ python3 -m venv /tmp/v
 python3 -c 'import site; print(site.getsitepackages()[0])' > $(echo /tmp/v/lib/python3*/site-packages)/base.pth
 $V/pip install -q --no-index --find-links $G/whl fastapi uvicorn gguf platformdirs textual jinja2 rich diskcache 2>&1 | tail -2
 mkdir -p /tmp/lcp && tar xzf $G/llama-cpp-python.tar.gz -C /tmp/lcp
+SERVER=  # llama-server's source beside it: built in the same CMake run (the CUDA kernels once)
+if tar xzf $G/server-src.tar.gz -C /tmp/lcp/llama_cpp_python-*/vendor/llama.cpp 2>/dev/null; then  # (no web UI:
+  SERVER="-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF"; fi  # nothing to fetch)
 ( $V/python /tmp/make_model.py $G/qwen15-skel.gguf 7b /tmp/models/rand-7b.gguf
   [ -n "${QUICK:-}" ] || $V/python /tmp/make_moe.py $G/qwen15-skel.gguf 30b-a3b /tmp/models/rand-moe.gguf ) > /tmp/models.log 2>&1 &
 MODELS=$!
-CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .) -DGGML_RPC=on -DLLAVA_BUILD=OFF" \
-  $V/pip install -v --no-index --no-build-isolation --no-deps /tmp/lcp/llama_cpp_python-* > /tmp/build.log 2>&1 \
+CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .) -DGGML_RPC=on -DLLAVA_BUILD=OFF $SERVER" \
+  $V/pip install -v --no-index --no-build-isolation --no-deps --config-settings=build-dir=/tmp/lcpb \
+  /tmp/lcp/llama_cpp_python-* > /tmp/build.log 2>&1 \
   || { el "llama-cpp-python build failed"; tail -30 /tmp/build.log; exit 1; }
 el "llama-cpp-python built"
+if [ -x /tmp/lcpb/bin/llama-server ]; then mkdir -p build/llama-tools && ln -sf /tmp/lcpb/bin/llama-server build/llama-tools/
+else echo "llama-server not built (llama.cpp's loop not measured)"; fi
 $V/pip install -v --no-index --no-build-isolation --no-deps -e . > /tmp/native.log 2>&1 \
   || { el "localspec install failed"; tail -30 /tmp/native.log; exit 1; }
 fi
 el "localspec installed"; [ -z "$MODELS" ] || wait $MODELS; cat /tmp/models.log  # (a bare wait would wait for tee too)
-L=$V/localspec
+L=$V/localspec; NGL=99; [ -n "${REHEARSE:-}" ] && NGL=0
+left() { [ $(( $(date +%s) - S )) -lt $1 ]; }  # still before second $1 of the call
+by_batch() {  # ms by batch size from a bench's JSON: forward / host
+  $V/python - $1 <<'PY'
+import json, sys
+for c in json.load(open(sys.argv[1]))["configs"]:
+    f, h = c["forward_ms_by_batch"], c["host_ms_by_batch"]
+    print(f"  {c['name']}: " + "  ".join(f"{b}: {f[b]:.2f}/{h[b]:.2f}" for b in sorted(f, key=int)))
+PY
+}
 $L generate -m /tmp/models/rand-7b.gguf --max-tokens 8 --drafter none "def f(x):" 2>&1 | grep -E "^localspec:|tokens/s"
 B="bench --workload code-edit --limit 3 --max-tokens 128 -m /tmp/models/rand-7b.gguf"
 timeout 100 $L $B --drafter lookup --drafter suffix --json $O/bench-7b.json > $O/bench-7b.txt 2>&1
 grep -v "^bench\|warming" $O/bench-7b.txt; echo "rows without a valid device token: $(grep -c 'no valid token' $O/bench-7b.txt)"
-grep "not finite" $O/bench-7b.txt | head -2
+grep "not finite" $O/bench-7b.txt | head -2; echo "forward / host ms by batch:"; by_batch $O/bench-7b.json
 el "bench 7b (argmax on the device)"
-timeout 60 $L $B --drafter lookup --temperature 0.8 --top-k 40 --seed 1 --json $O/bench-7b-t08.json 2>&1 | grep -v "^bench\|warming"
+# The MoE (Qwen3-30B-A3B's shapes, issue 46): the loop's forward by batch size after other sizes
+# (LiveCurve pads a step to the last shape where that is cheaper), and a batch's time by its tokens.
+if [ -z "${QUICK:-}" ]; then
+  M="-m /tmp/models/rand-moe.gguf --workload code-edit --max-tokens 128"
+  timeout 80 $L bench $M --limit 2 --drafter lookup --json $O/bench-moe.json 2>&1 | grep -v "^bench\|warming"
+  echo "forward / host ms by batch:"; by_batch $O/bench-moe.json
+  el "bench MoE (argmax on the device)"
+  timeout 45 $L bench $M --limit 1 --synthetic len=4 --synthetic-k 15 --shapes auto 2>&1 | grep -v "^bench\|warming\|^localspec: [a-z]* curve"
+  el "synthetic MoE len=4 shapes=auto"
+  timeout 60 $V/python scripts/moe_tokens.py -m /tmp/models/rand-moe.gguf --gpu-layers $NGL --sizes 1,2,4,8,16,32 --repeats 5
+  el "MoE: a batch's time by its tokens"
+fi
+timeout 60 $L $B --drafter lookup --drafter lookup@16 --temperature 0.8 --top-k 40 --seed 1 --json $O/bench-7b-t08.json 2>&1 | grep -v "^bench\|warming"
+echo "forward / host ms by batch:"; by_batch $O/bench-7b-t08.json
 el "bench 7b, T 0.8 top-k 40 (candidates on the device)"
-timeout 60 $V/python - <<'EOF' 2>&1 | grep -v "^localspec: [a-z]* curve"
+timeout 60 $V/python - <<'PY' 2>&1 | grep -v "^localspec: [a-z]* curve"
 from localspec.engine import Engine, EngineConfig, Request
 from localspec.drafters.spec import DrafterSpec
 from localspec.sampling import SamplingConfig
@@ -81,46 +112,43 @@ def run(drafter):
 print(f"logprobs on the GPU: {len(drafted)} tokens, {done.stats.draft_n_accepted} drafted accepted, the same tokens as "
       f"plain: {[a.token for a in plain] == [b.token for b in drafted]}, largest difference "
       f"{max(abs(a.logprob - b.logprob) for a, b in zip(plain, drafted)):.4f}")
-EOF
+PY
 el "logprobs 7b (rows read on the host)"
-RUNS=("len=4 auto"); [ -n "${QUICK:-}" ] || RUNS+=("len=4 off")
-for run in "${RUNS[@]}"; do
-  set -- $run
-  timeout 50 $L bench --synthetic $1 --synthetic-k 15 --shapes $2 -m /tmp/models/rand-7b.gguf \
-    --workload code-edit --limit 1 --max-tokens 128 2>&1 | grep -v "^bench\|warming\|^localspec: [a-z]* curve"
-  el "synthetic $1 shapes=$2"
-done
-timeout 100 $V/python scripts/jakiro_cost.py -m /tmp/models/rand-7b.gguf --only tree 2>&1 | grep -v "^localspec: [a-z]* curve"
-echo "jakiro_cost: exit ${PIPESTATUS[0]}"
-el "Jakiro trees on the device (a step against the target's forward)"
+# Synthetic acceptance beside llama.cpp's own loop at the same rates (llama-server of this build)
+Y="--synthetic len=4 --synthetic-k 15 -m /tmp/models/rand-7b.gguf --workload code-edit --limit 1 --max-tokens 128"
+timeout 120 $L bench $Y --shapes auto --anchor llama-server 2>&1 | grep -v "^bench\|warming\|^localspec: [a-z]* curve"
+el "synthetic len=4 shapes=auto, beside llama.cpp's loop"
+if [ -z "${QUICK:-}" ] && left 440; then
+  timeout 50 $L bench $Y --shapes off 2>&1 | grep -v "^bench\|warming\|^localspec: [a-z]* curve"
+  el "synthetic len=4 shapes=off"
+fi
+if left 460; then
+  timeout 60 $V/python scripts/jakiro_cost.py -m /tmp/models/rand-7b.gguf --only tree 2>&1 | grep -v "^localspec: [a-z]* curve"
+  echo "jakiro_cost: exit ${PIPESTATUS[0]}"
+  el "Jakiro trees on the device (a step against the target's forward)"
+fi
 # Hybrids (issue 47): a 1B-shaped qwen35 whose text repeats (--quiet), lookup's chains with the
 # recurrent state undone from checkpoints (the default) and rolled back on the device
 # (--rollback 8); which is faster here; every output against plain decoding.
-$V/python tests/random_gguf.py qwen35 $HYBRID /tmp/models/q35.gguf --repeats --quiet 0.1 --tokenizer $G/qwen15-skel.gguf > /dev/null
-for rb in 0 8; do
-  echo "--rollback $rb"
-  timeout 40 $L bench -m /tmp/models/q35.gguf --workload code-edit --limit 2 --max-tokens 64 --rollback $rb \
-    --drafter lookup 2>&1 | grep -E "^\| (plain|lookup) "
-done
-el "hybrids (checkpoints against rollback on the device)"
+if left 480; then
+  $V/python tests/random_gguf.py qwen35 $HYBRID /tmp/models/q35.gguf --repeats --quiet 0.1 --tokenizer $G/qwen15-skel.gguf > /dev/null
+  for rb in 0 8; do
+    echo "--rollback $rb"
+    timeout 30 $L bench -m /tmp/models/q35.gguf --workload code-edit --limit 2 --max-tokens 64 --rollback $rb \
+      --drafter lookup 2>&1 | grep -E "^\| (plain|lookup) "
+  done
+  el "hybrids (checkpoints against rollback on the device)"
+fi
 # Model drafters (issue 48): a tiny Qwen3.5 whose echo MTP layer is accepted where it repeats
 # (chains, the state rolled back), against plain decoding; then an EAGLE-3 step of a 7B's
 # shapes (its own 32k head) against the 7B's forward on the device.
-$V/python tests/random_gguf.py qwen35 tiny /tmp/models/q35mtp.gguf --mtp --echo --repeats --tokenizer $G/qwen15-skel.gguf > /dev/null
-timeout 40 $L bench -m /tmp/models/q35mtp.gguf --workload code-edit --limit 2 --max-tokens 64 \
-  --drafter mtp --drafter mtp@3 2>&1 | grep -E "^\| (plain|mtp)"
-if [ $(( $(date +%s) - S )) -lt 420 ]; then
+if left 500; then
+  $V/python tests/random_gguf.py qwen35 tiny /tmp/models/q35mtp.gguf --mtp --echo --repeats --tokenizer $G/qwen15-skel.gguf > /dev/null
+  timeout 30 $L bench -m /tmp/models/q35mtp.gguf --workload code-edit --limit 2 --max-tokens 64 \
+    --drafter mtp --drafter mtp@3 2>&1 | grep -E "^\| (plain|mtp)"
   $V/python tests/random_gguf.py eagle3 tiny /tmp/models/e3.gguf --target /tmp/models/rand-7b.gguf --draft-vocab 32000 > /dev/null
-  timeout 60 $V/python scripts/head_cost.py /tmp/models/rand-7b.gguf eagle3:/tmp/models/e3.gguf --gpu-layers 99 --reps 9 2>&1 | tail -4
+  timeout 40 $V/python scripts/head_cost.py /tmp/models/rand-7b.gguf eagle3:/tmp/models/e3.gguf --gpu-layers $NGL --reps 9 2>&1 | tail -4
+  el "model drafters"
 fi
-el "model drafters"
-# The MoE (Qwen3-30B-A3B's shapes, issue 43's second target) while time is left in 9 minutes.
-if [ -z "${QUICK:-}" ] && [ $(( $(date +%s) - S )) -lt 390 ]; then
-  M="-m /tmp/models/rand-moe.gguf --workload code-edit --max-tokens 128"
-  timeout 80 $L bench $M --limit 2 --drafter lookup --json $O/bench-moe.json 2>&1 | grep -v "^bench\|warming"
-  el "bench MoE (argmax on the device)"
-  timeout 45 $L bench $M --limit 1 --synthetic len=4 --synthetic-k 15 --shapes auto 2>&1 | grep -v "^bench\|warming\|^localspec: [a-z]* curve"
-  el "synthetic MoE len=4 shapes=auto"
-fi
-for f in $LOCALSPEC_HOME/cache/cost/*.json; do cp $f $O/curve-$(basename $f); done
+tar czf $O/curves.tgz -C $LOCALSPEC_HOME/cache cost
 el done

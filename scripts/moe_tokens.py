@@ -6,6 +6,7 @@ token repeated, n different tokens of text, and the n tokens the context just en
 (what a copying drafter proposes). On a dense model the three should agree.
 
     .venv/bin/python scripts/moe_tokens.py -m moe-15b.gguf --threads 2 --sizes 1,2,4,8,16
+    python scripts/moe_tokens.py -m rand-moe.gguf --gpu-layers 99 --sizes 1,4,8,16,32   # on a GPU
 """
 
 import argparse
@@ -37,9 +38,10 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--sizes", default="1,2,4,8,16")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (99: all)")
     a = p.parse_args()
     sizes = [int(x) for x in a.sizes.split(",")]
-    model = Model(a.model)
+    model = Model(a.model, n_gpu_layers=a.gpu_layers)
     with Context(model, ContextConfig(n_ctx=N_CONTEXT + 2 * max(sizes) + 8, n_threads=a.threads)) as ctx:
         filler = filler_tokens(ctx, N_CONTEXT + max(sizes))
         ctx.extend(filler[:N_CONTEXT])

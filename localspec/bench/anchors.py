@@ -121,8 +121,9 @@ class ServerAnchor:
                "-c", str(n_ctx), "-np", "1", "-fa", "on", "--no-webui"]
         if threads:
             cmd += ["-t", str(threads)]
-        if rpc:  # the target's layers where ours are; a draft model stays here, as ours does
-            cmd += ["--rpc", ",".join(rpc), "-ngl", str(n_gpu_layers), "-devd", "none"]
+        cmd += ["-ngl", str(n_gpu_layers)]  # the target's layers where ours are (its default fits its own)
+        if rpc:  # a draft model stays here, as ours does
+            cmd += ["--rpc", ",".join(rpc), "-devd", "none"]
         if "--spec-draft-n-max" in extra:
             cmd += ["-md", str(draft_path)]
         self.proc = subprocess.Popen(cmd + extra, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -275,7 +275,7 @@ def llama_server_arms(rates: Sequence[float]) -> list[LlamaArm]:
 
 
 def run_llama_server(model_path, prompts: list[list[int]], rates: Sequence[float], max_tokens: int,
-                     repeat: int, n_ctx: int, threads: int) -> list[LlamaArm]:
+                     repeat: int, n_ctx: int, threads: int, n_gpu_layers: int) -> list[LlamaArm]:
     """Each arm in a server of its own on loopback, every prompt `repeat` times, greedy;
     tokens and seconds after the first token, as localspec's arms count them."""
     from localspec.bench.anchors import ServerAnchor
@@ -285,7 +285,8 @@ def run_llama_server(model_path, prompts: list[list[int]], rates: Sequence[float
     greedy = SamplingConfig(temperature=0)
     for arm in configs:
         try:
-            server = ServerAnchor(arm.name, model_path, None, n_ctx, threads, arm.extra)
+            server = ServerAnchor(arm.name, model_path, None, n_ctx, threads, arm.extra,
+                                  n_gpu_layers=n_gpu_layers)
         except LocalspecError as e:
             arm.failed = str(e)
             continue
