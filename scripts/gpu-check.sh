@@ -5,8 +5,9 @@
 # Qwen3-30B-A3B shapes (../shared/gpu/make_model.py, make_moe.py), then (issue 43) the
 # code-edit bench with the default argmax on the device, every output checked against plain
 # decoding and any row the device gave no valid token for counted, host and forward ms by
-# batch size; the MoE's (issue 46): the same bench, synthetic acceptance, and what a batch
-# costs by its tokens (scripts/moe_tokens.py); T 0.8 with top-k 40 up to 17 rows (each row's
+# batch size (and forward ms by place in a run of one size: a change, the 2nd, the 3rd+); the
+# MoE's (issue 46): the same bench, again with CUDA graphs off, synthetic acceptance, and what
+# a batch costs by its tokens (scripts/moe_tokens.py); T 0.8 with top-k 40 up to 17 rows (each row's
 # candidates from the graph), log-probabilities (the rows read on the host) against plain
 # decoding's; the synthetic-acceptance bench (mean length 4: chains, trees, a no-draft step
 # against plain's) beside llama.cpp's own loop at the same rates, and with the batch shapes off;
@@ -76,6 +77,10 @@ import json, sys
 for c in json.load(open(sys.argv[1]))["configs"]:
     f, h = c["forward_ms_by_batch"], c["host_ms_by_batch"]
     print(f"  {c['name']}: " + "  ".join(f"{b}: {f[b]:.2f}/{h[b]:.2f}" for b in sorted(f, key=int)))
+    st = c.get("forward_ms_by_streak") or {}  # the size changed / the second in a row / later
+    print("    forward ms (count) at a change / 2nd / 3rd+ of a size: " + "  ".join(
+        f"{b}: " + " / ".join(f"{v[0]:.1f} ({v[1]})" if (v := st[b].get(k)) else "-" for k in ("1", "2", "3+"))
+        for b in sorted(st, key=int)))
 PY
 }
 $L generate -m /tmp/models/rand-7b.gguf --max-tokens 8 --drafter none "def f(x):" 2>&1 | grep -E "^localspec:|tokens/s"
@@ -91,6 +96,9 @@ if [ -z "${QUICK:-}" ]; then
   timeout 80 $L bench $M --limit 2 --drafter lookup --json $O/bench-moe.json 2>&1 | grep -v "^bench\|warming"
   echo "forward / host ms by batch:"; by_batch $O/bench-moe.json
   el "bench MoE (argmax on the device)"
+  GGML_CUDA_DISABLE_GRAPHS=1 timeout 60 $L bench $M --limit 2 --drafter lookup --json $O/bench-moe-nographs.json 2>&1 | grep -E "^\| (plain|lookup) "
+  echo "forward / host ms by batch:"; by_batch $O/bench-moe-nographs.json
+  el "bench MoE, CUDA graphs off (what a size change costs without them)"
   timeout 45 $L bench $M --limit 1 --synthetic len=4 --synthetic-k 15 --shapes auto 2>&1 | grep -v "^bench\|warming\|^localspec: [a-z]* curve"
   el "synthetic MoE len=4 shapes=auto"
   timeout 60 $V/python scripts/moe_tokens.py -m /tmp/models/rand-moe.gguf --gpu-layers $NGL --sizes 1,2,4,8,16,32 --repeats 5

@@ -13,7 +13,7 @@ from conftest import RECORDED_CURVE
 from localspec.bench import workloads
 from localspec.bench.anchors import LLAMA_TOOLS, SERVER_CONFIGS, ServerAnchor, write_ngram_cache
 from localspec.bench.report import speedup_interval
-from localspec.bench.runner import (Config, Learnt, Run, bench_configs, finished_turns, run_bench, run_ours,
+from localspec.bench.runner import (Config, Learnt, Run, Step, bench_configs, finished_turns, run_bench, run_ours,
                                    warm_documents)
 from localspec.drafters.spec import DrafterSpec
 from localspec.errors import LocalspecError
@@ -177,6 +177,16 @@ def test_speedup_interval_covers_the_ratio_and_narrows_with_agreement():
     assert speedup_interval(Config("z", "z", runs=steady.runs[:2]), plain) is None
 
 
+def test_forwards_by_their_place_in_a_run_of_one_size():
+    """A size change, the second forward of a size in a row and the later ones, apart (what a
+    CUDA graph's rebuild, capture and replay cost on a GPU)."""
+    sizes = [1, 16, 16, 16, 16, 1, 16, 1, 1, 1]
+    steps = [Step(n, 0.0, (10 + i) / 1e3, 0.0, 0, 0.0) for i, n in enumerate(sizes)]
+    streak = Config("x", "x", runs=[Run(iterations=steps)]).by_streak()
+    assert streak[16] == {"1": (13.5, 2), "2": (12.0, 1), "3+": (13.5, 2)}
+    assert streak[1] == {"1": (15.0, 3), "2": (18.0, 1), "3+": (19.0, 1)}
+
+
 def test_bench_repeat_and_a_session_workload_from_the_command_line(small_path, tmp_path):
     out = tmp_path / "bench.json"
     r = localspec("bench", "-m", str(small_path), "--threads", "2", "--workload", "edit-session",
@@ -185,6 +195,7 @@ def test_bench_repeat_and_a_session_workload_from_the_command_line(small_path, t
     assert r.returncode == 0, r.stderr
     result = json.loads(out.read_text())
     assert result["meta"]["repeat"] == 2 and result["configs"][1]["speedup_95"] is not None
+    assert sum(n for by in result["configs"][1]["forward_ms_by_streak"].values() for _, n in by.values()) > 0
     assert "median of 2" in r.stdout
     assert result["meta"]["copy_ceiling"] >= 1.0 and "copy ceiling:" in r.stdout
     bad = localspec("bench", "-m", str(small_path), "--repeat", "0")

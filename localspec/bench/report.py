@@ -95,7 +95,8 @@ def to_json(configs: list[Config], meta: dict, projected_on=None) -> dict:
         "tau": c.tau, "acceptance": c.acceptance, "drafted": c.total("drafted"),
         "accepted": c.total("accepted"), "forwards": c.total("forwards"), "host_ms": c.host_ms,
         "host_ms_by_batch": c.by_batch("host"), "iteration_ms_by_batch": c.by_batch("iteration"),
-        "forward_ms_by_batch": c.by_batch("forward"), "forward_share": c.forward_share,
+        "forward_ms_by_batch": c.by_batch("forward"), "forward_ms_by_streak": c.by_streak(),
+        "forward_share": c.forward_share,
         "identical": sum(1 for r in c.ok_runs if r.identical),
         "ties": sum(1 for r in c.ok_runs if r.tie), "n": len(c.runs), "ran": c.ran,
         "failed": [r.failed for r in c.runs if r.failed]} for i, c in enumerate(configs)]}

@@ -98,6 +98,21 @@ class Config:
                 by.setdefault(it.batch, []).append({"host": it.host, "iteration": it.seconds, "forward": it.forward}[which])
         return {n: float(np.median(v)) * 1e3 for n, v in sorted(by.items())}
 
+    def by_streak(self) -> dict[int, dict[str, tuple[float, int]]]:
+        """Median forward milliseconds, and how many, by batch size and by the forward's place
+        in a run of that size: "1" the size changed, "2" the second in a row, "3+" later. On
+        CUDA llama.cpp rebuilds its graph at a change, and ggml-cuda captures a CUDA graph at
+        the second and replays it from the third: what a change of size costs, apart."""
+        by: dict[int, dict[str, list[float]]] = {}
+        for r in self.ok_runs:
+            last, streak = None, 0
+            for it in r.iterations:
+                streak = streak + 1 if it.batch == last else 1
+                last = it.batch
+                by.setdefault(it.batch, {}).setdefault("3+" if streak >= 3 else str(streak), []).append(it.forward)
+        return {n: {k: (float(np.median(v)) * 1e3, len(v)) for k, v in sorted(d.items())}
+                for n, d in sorted(by.items())}
+
     @property
     def ran(self) -> dict[str, int]:
         """Iterations per arm over every run ("plain", "lookup@3", "suffix sure", ...)."""
