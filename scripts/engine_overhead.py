@@ -178,7 +178,8 @@ def against_server(path: str, a: argparse.Namespace) -> None:
     contexts = {"engine's context": Context(engine.model, engine.ctx.config),
                 "minimal context": Context(engine.model, ContextConfig(n_ctx=engine.ctx.n_ctx, n_threads=a.threads,
                                                                        flash_attn=engine.ctx.config.flash_attn))}
-    server = ServerAnchor("llama-server plain", Path(path), None, engine.ctx.n_ctx, a.threads, [])
+    server = ServerAnchor("llama-server plain", Path(path), None, engine.ctx.n_ctx, a.threads, [],
+                          n_gpu_layers=engine.model.n_gpu_layers)
 
     def ours(p):
         _, run = run_ours(engine, p, DrafterSpec.parse("none"), a.n, greedy)

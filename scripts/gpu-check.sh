@@ -6,8 +6,9 @@
 # code-edit bench with the default argmax on the device, every output checked against plain
 # decoding and any row the device gave no valid token for counted, host and forward ms by
 # batch size (and forward ms by place in a run of one size: a change, the 2nd, the 3rd+); the
-# MoE's (issue 46): the same bench, again with CUDA graphs off, synthetic acceptance, and what
-# a batch costs by its tokens (scripts/moe_tokens.py); T 0.8 with top-k 40 up to 17 rows (each row's
+# MoE's (issue 46): the same bench, again with CUDA graphs off, synthetic acceptance, what
+# a batch costs by its tokens (scripts/moe_tokens.py), and what a change of size costs, part
+# by part (scripts/shape_costs.py, on the 7B too); T 0.8 with top-k 40 up to 17 rows (each row's
 # candidates from the graph), log-probabilities (the rows read on the host) against plain
 # decoding's; the synthetic-acceptance bench (mean length 4: chains, trees, a no-draft step
 # against plain's) beside llama.cpp's own loop at the same rates, and with the batch shapes off;
@@ -103,6 +104,8 @@ if [ -z "${QUICK:-}" ]; then
   el "synthetic MoE len=4 shapes=auto"
   timeout 60 $V/python scripts/moe_tokens.py -m /tmp/models/rand-moe.gguf --gpu-layers $NGL --sizes 1,2,4,8,16,32 --repeats 5
   el "MoE: a batch's time by its tokens"
+  timeout 60 $V/python scripts/shape_costs.py -m /tmp/models/rand-moe.gguf --gpu-layers $NGL --repeats 4
+  el "MoE: what a change of size costs (output buffer growth; a change, the 2nd, the 3rd+)"
 fi
 timeout 60 $L $B --drafter lookup --drafter lookup@16 --temperature 0.8 --top-k 40 --seed 1 --json $O/bench-7b-t08.json 2>&1 | grep -v "^bench\|warming"
 echo "forward / host ms by batch:"; by_batch $O/bench-7b-t08.json
@@ -122,6 +125,8 @@ print(f"logprobs on the GPU: {len(drafted)} tokens, {done.stats.draft_n_accepted
       f"{max(abs(a.logprob - b.logprob) for a, b in zip(plain, drafted)):.4f}")
 PY
 el "logprobs 7b (rows read on the host)"
+timeout 40 $V/python scripts/shape_costs.py -m /tmp/models/rand-7b.gguf --gpu-layers $NGL --repeats 4
+el "7b: what a change of size costs"
 # Synthetic acceptance beside llama.cpp's own loop at the same rates (llama-server of this build)
 Y="--synthetic len=4 --synthetic-k 15 -m /tmp/models/rand-7b.gguf --workload code-edit --limit 1 --max-tokens 128"
 timeout 120 $L bench $Y --shapes auto --anchor llama-server 2>&1 | grep -v "^bench\|warming\|^localspec: [a-z]* curve"

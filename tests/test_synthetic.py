@@ -82,7 +82,7 @@ def test_llama_cpp_loop_at_the_same_rates(small_path):
 
     rates = [1.0] * 4
     prompt = Model(small_path).tokenize("def add(a, b):\n    return a + b\n\n" * 8)
-    arms = synthetic.run_llama_server(small_path, [prompt], rates, 24, 1, 1024, 1)
+    arms = synthetic.run_llama_server(small_path, [prompt], rates, 24, 1, 1024, 1, 0)
     assert [a.name for a in arms] == ["llama-server plain", "llama-server chain K=4"]
     assert "--spec-synth-rates" in arms[1].extra and "1,1,1,1" in arms[1].extra
     ours = [synthetic.Arm("plain", tokens=20, seconds=1.0), synthetic.Arm("chain K=4", 1, tokens=20, seconds=0.5)]
