@@ -1,14 +1,15 @@
 #!/bin/bash
-# On a lent GPU machine, in one device call carrying .gpu (filled by ../shared/gpu/prepare.sh,
-# then scripts/gpu-server-src.sh for llama-server's source): llama-cpp-python built for CUDA
+# On a lent GPU machine, in one device call carrying .gpu (filled here by ../shared/gpu/prepare.sh,
+# then `bash scripts/gpu-check.sh --prepare`, which adds llama-server's source: tools/server,
+# tools/ui and ui-assets.cmake from scripts/build-llama-tools.sh's download, with a
+# tools/CMakeLists.txt that builds mtmd, which it links, and it alone): llama-cpp-python built for CUDA
 # (llama-server in the same build), localspec on it, random-weight Qwen2.5-7B and
 # Qwen3-30B-A3B shapes (../shared/gpu/make_model.py, make_moe.py), then (issue 43) the
 # code-edit bench with the default argmax on the device, every output checked against plain
 # decoding and any row the device gave no valid token for counted, host and forward ms by
 # batch size (and forward ms by place in a run of one size: a change, the 2nd, the 3rd+); the
-# MoE's (issue 46): the same bench, again with CUDA graphs off, synthetic acceptance, what
-# a batch costs by its tokens (scripts/moe_tokens.py), and what a change of size costs, part
-# by part (scripts/shape_costs.py, on the 7B too); T 0.8 with top-k 40 up to 17 rows (each row's
+# MoE's (issue 46): the same bench, again with CUDA graphs off, synthetic acceptance, and what
+# a change of size costs, part by part (scripts/shape_costs.py, on the 7B too); T 0.8 with top-k 40 up to 17 rows (each row's
 # candidates from the graph), log-probabilities (the rows read on the host) against plain
 # decoding's; the synthetic-acceptance bench (mean length 4: chains, trees, a no-draft step
 # against plain's) beside llama.cpp's own loop at the same rates, and with the batch shapes off;
@@ -23,7 +24,16 @@
 # 1B hybrid: a flag renamed since the last device run shows here, not in the device's minutes.
 set -u
 case "${1:-}" in -h|--help)  # usage: the comment block above
-  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0;; esac
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0;;
+--prepare)  # here, after prepare.sh: llama-server's source into .gpu, built beside llama-cpp-python there
+  L=build/llama-tools/src/vendor/llama.cpp
+  [ -d $L/tools/server ] || { echo "$L/tools/server is missing: run scripts/build-llama-tools.sh first"; exit 1; }
+  [ -d .gpu ] || { echo ".gpu is missing: run ../shared/gpu/prepare.sh first"; exit 1; }
+  D=$(mktemp -d); mkdir -p $D/tools $D/scripts; cp -r $L/tools/server $L/tools/ui $D/tools/
+  cp $L/scripts/ui-assets.cmake $D/scripts/
+  printf '%s\n' "find_package(Threads REQUIRED)" "llama_add_compile_flags()" "add_subdirectory(mtmd)" \
+    "add_subdirectory(ui)" "add_subdirectory(server)" > $D/tools/CMakeLists.txt
+  tar czf .gpu/server-src.tar.gz -C $D . && rm -rf $D && du -h .gpu/server-src.tar.gz; exit 0;; esac
 S=$(date +%s); el() { echo "[$(( $(date +%s) - S ))s] $*"; }
 G=$PWD/.gpu; O=${OUT:-/tmp/out}; mkdir -p $O
 V=/tmp/v/bin; HYBRID=1b
@@ -102,8 +112,6 @@ if [ -z "${QUICK:-}" ]; then
   el "bench MoE, CUDA graphs off (what a size change costs without them)"
   timeout 45 $L bench $M --limit 1 --synthetic len=4 --synthetic-k 15 --shapes auto 2>&1 | grep -v "^bench\|warming\|^localspec: [a-z]* curve"
   el "synthetic MoE len=4 shapes=auto"
-  timeout 60 $V/python scripts/moe_tokens.py -m /tmp/models/rand-moe.gguf --gpu-layers $NGL --sizes 1,2,4,8,16,32 --repeats 5
-  el "MoE: a batch's time by its tokens"
   timeout 60 $V/python scripts/shape_costs.py -m /tmp/models/rand-moe.gguf --gpu-layers $NGL --repeats 4
   el "MoE: what a change of size costs (output buffer growth; a change, the 2nd, the 3rd+)"
 fi
