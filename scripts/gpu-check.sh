@@ -82,7 +82,9 @@ fi
 el "localspec installed"; [ -z "$MODELS" ] || wait $MODELS; cat /tmp/models.log  # (a bare wait would wait for tee too)
 L=$V/localspec; NGL=99; [ -n "${REHEARSE:-}" ] && NGL=0
 left() { [ $(( $(date +%s) - S )) -lt $1 ]; }  # still before second $1 of the call
+quiet() { grep -v "^bench\|warming\|^localspec: [a-z]* curve"; }  # the tables, without progress lines
 by_batch() {  # ms by batch size from a bench's JSON: forward / host
+  echo "forward / host ms by batch:"
   $V/python - $1 <<'PY'
 import json, sys
 for c in json.load(open(sys.argv[1]))["configs"]:
@@ -97,28 +99,28 @@ PY
 $L generate -m /tmp/models/rand-7b.gguf --max-tokens 8 --drafter none "def f(x):" 2>&1 | grep -E "^localspec:|tokens/s"
 B="bench --workload code-edit --limit 3 --max-tokens 128 -m /tmp/models/rand-7b.gguf"
 timeout 100 $L $B --drafter lookup --drafter suffix --json $O/bench-7b.json > $O/bench-7b.txt 2>&1
-grep -v "^bench\|warming" $O/bench-7b.txt; echo "rows without a valid device token: $(grep -c 'no valid token' $O/bench-7b.txt)"
-grep "not finite" $O/bench-7b.txt | head -2; echo "forward / host ms by batch:"; by_batch $O/bench-7b.json
+quiet < $O/bench-7b.txt; echo "rows without a valid device token: $(grep -c 'no valid token' $O/bench-7b.txt)"
+grep "not finite" $O/bench-7b.txt | head -2; by_batch $O/bench-7b.json
 el "bench 7b (argmax on the device)"
 # The MoE (Qwen3-30B-A3B's shapes, issue 46): the loop's forward by batch size after other sizes
-# (LiveCurve pads a step to the last shape where that is cheaper), and a batch's time by its tokens.
+# (LiveCurve pads a step to the last shape where that is cheaper), with CUDA graphs and without.
 if [ -z "${QUICK:-}" ]; then
   M="-m /tmp/models/rand-moe.gguf --workload code-edit --max-tokens 128"
-  timeout 80 $L bench $M --limit 2 --drafter lookup --json $O/bench-moe.json 2>&1 | grep -v "^bench\|warming"
-  echo "forward / host ms by batch:"; by_batch $O/bench-moe.json
+  timeout 80 $L bench $M --limit 2 --drafter lookup --json $O/bench-moe.json 2>&1 | quiet
+  by_batch $O/bench-moe.json
   el "bench MoE (argmax on the device)"
   GGML_CUDA_DISABLE_GRAPHS=1 timeout 60 $L bench $M --limit 2 --drafter lookup --json $O/bench-moe-nographs.json 2>&1 | grep -E "^\| (plain|lookup) "
-  echo "forward / host ms by batch:"; by_batch $O/bench-moe-nographs.json
+  by_batch $O/bench-moe-nographs.json
   el "bench MoE, CUDA graphs off (what a size change costs without them)"
-  timeout 45 $L bench $M --limit 1 --synthetic len=4 --synthetic-k 15 --shapes auto 2>&1 | grep -v "^bench\|warming\|^localspec: [a-z]* curve"
+  timeout 45 $L bench $M --limit 1 --synthetic len=4 --synthetic-k 15 --shapes auto 2>&1 | quiet
   el "synthetic MoE len=4 shapes=auto"
   timeout 60 $V/python scripts/shape_costs.py -m /tmp/models/rand-moe.gguf --gpu-layers $NGL --repeats 4
   el "MoE: what a change of size costs (output buffer growth; a change, the 2nd, the 3rd+)"
 fi
-timeout 60 $L $B --drafter lookup --drafter lookup@16 --temperature 0.8 --top-k 40 --seed 1 --json $O/bench-7b-t08.json 2>&1 | grep -v "^bench\|warming"
-echo "forward / host ms by batch:"; by_batch $O/bench-7b-t08.json
+timeout 60 $L $B --drafter lookup --drafter lookup@16 --temperature 0.8 --top-k 40 --seed 1 --json $O/bench-7b-t08.json 2>&1 | quiet
+by_batch $O/bench-7b-t08.json
 el "bench 7b, T 0.8 top-k 40 (candidates on the device)"
-timeout 60 $V/python - <<'PY' 2>&1 | grep -v "^localspec: [a-z]* curve"
+timeout 60 $V/python - <<'PY' 2>&1 | quiet
 from localspec.engine import Engine, EngineConfig, Request
 from localspec.drafters.spec import DrafterSpec
 from localspec.sampling import SamplingConfig
@@ -137,14 +139,14 @@ timeout 40 $V/python scripts/shape_costs.py -m /tmp/models/rand-7b.gguf --gpu-la
 el "7b: what a change of size costs"
 # Synthetic acceptance beside llama.cpp's own loop at the same rates (llama-server of this build)
 Y="--synthetic len=4 --synthetic-k 15 -m /tmp/models/rand-7b.gguf --workload code-edit --limit 1 --max-tokens 128"
-timeout 120 $L bench $Y --shapes auto --anchor llama-server 2>&1 | grep -v "^bench\|warming\|^localspec: [a-z]* curve"
+timeout 120 $L bench $Y --shapes auto --anchor llama-server 2>&1 | quiet
 el "synthetic len=4 shapes=auto, beside llama.cpp's loop"
 if [ -z "${QUICK:-}" ] && left 440; then
-  timeout 50 $L bench $Y --shapes off 2>&1 | grep -v "^bench\|warming\|^localspec: [a-z]* curve"
+  timeout 50 $L bench $Y --shapes off 2>&1 | quiet
   el "synthetic len=4 shapes=off"
 fi
 if left 460; then
-  timeout 60 $V/python scripts/jakiro_cost.py -m /tmp/models/rand-7b.gguf --only tree 2>&1 | grep -v "^localspec: [a-z]* curve"
+  timeout 60 $V/python scripts/jakiro_cost.py -m /tmp/models/rand-7b.gguf --only tree 2>&1 | quiet
   echo "jakiro_cost: exit ${PIPESTATUS[0]}"
   el "Jakiro trees on the device (a step against the target's forward)"
 fi

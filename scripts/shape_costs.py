@@ -15,11 +15,10 @@ with every row output, as verification outputs them.
 
 import argparse
 import statistics
-import time
 
 from localspec.llama import Context, Model
 from localspec.llama.context import ContextConfig
-from localspec.llama.timing import filler_tokens
+from localspec.llama.timing import filler_tokens, time_batch
 
 N_CONTEXT = 256
 SIZES = (8, 16, 32, 64)
@@ -45,12 +44,7 @@ def main() -> None:
                 ctx.sample_on_device(0)
 
             def forward(n: int) -> float:
-                t0 = time.perf_counter()
-                ctx.extend(filler[N_CONTEXT:N_CONTEXT + n], n_outputs=n)
-                ctx.synchronize()
-                ms = (time.perf_counter() - t0) * 1e3
-                ctx.truncate(N_CONTEXT)
-                return ms
+                return time_batch(ctx, filler, N_CONTEXT, n) * 1e3
 
             growth = [(forward(n), forward(n)) for n in SIZES]
             placed: dict[tuple[int, str], list[float]] = {}
