@@ -528,8 +528,8 @@ def cmd_bench(a: argparse.Namespace) -> None:
     prompts, warm = workloads.load_warm(cfg.workload, cfg.limit)
     engine, projection = bench_engine(a, specs)
     sampling = sampling_config(a)
-    for spec in specs:
-        engine.controller(spec)  # load drafters (and fail on bad ones) before timing anything
+    for spec in specs:  # load drafters (and fail on bad ones) before timing anything, as generate and serve do
+        engine.prepare(spec)
     docs = []
     if warm.texts or warm.prompts:
         with progress_bar("warming the suffix store", len(warm.prompts) or 1, unit="answers") as advance:

@@ -18,7 +18,8 @@
 # model drafters (an MTP layer, an EAGLE-3 step).
 # The log, the JSON and the cost curves (one tarball) land in $OUT (a call brings back 8 files).
 #   run(command="bash scripts/gpu-check.sh", carry=[".gpu"], timeout_s=590)
-# QUICK=1: the 7B alone (no MoE, no shapes-off run), for a second call in a short budget.
+# QUICK=1: the 7B alone (no MoE, no shapes-off run), for a second call in a short budget;
+# SHORT=1: the build, then the MoE's and the 7B's lookup and auto benches only.
 # REHEARSE=1: on the development machine, every step as written but on the CPU, without the
 # build (the checkout's .venv), SmolLM2 standing in for the 7B, tiny random ones for the MoE and the
 # 1B hybrid: a flag renamed since the last device run shows here, not in the device's minutes.
@@ -97,6 +98,13 @@ for c in json.load(open(sys.argv[1]))["configs"]:
 PY
 }
 $L generate -m /tmp/models/rand-7b.gguf --max-tokens 8 --drafter none "def f(x):" 2>&1 | grep -E "^localspec:|tokens/s"
+if [ -n "${SHORT:-}" ]; then  # the MoE's and the 7B's lookup and auto, forward ms by batch, then stop
+  for m in moe 7b moe; do
+    timeout 60 $L bench -m /tmp/models/rand-$m.gguf --workload code-edit --max-tokens 128 --limit 2 \
+      --drafter lookup --drafter auto --json $O/short-$m.json 2>&1 | grep -E "^\| (plain|lookup|auto) "
+    by_batch $O/short-$m.json; el "$m"
+  done; exit 0
+fi
 B="bench --workload code-edit --limit 3 --max-tokens 128 -m /tmp/models/rand-7b.gguf"
 timeout 100 $L $B --drafter lookup --drafter suffix --json $O/bench-7b.json > $O/bench-7b.txt 2>&1
 quiet < $O/bench-7b.txt; echo "rows without a valid device token: $(grep -c 'no valid token' $O/bench-7b.txt)"
@@ -112,6 +120,14 @@ if [ -z "${QUICK:-}" ]; then
   GGML_CUDA_DISABLE_GRAPHS=1 timeout 60 $L bench $M --limit 2 --drafter lookup --json $O/bench-moe-nographs.json 2>&1 | grep -E "^\| (plain|lookup) "
   by_batch $O/bench-moe-nographs.json
   el "bench MoE, CUDA graphs off (what a size change costs without them)"
+  # Which remedy: the rows read on the host (no samplers in the graph), and every verification
+  # padded to one size (the graph kept: only a no-draft step, at 1 row, changes it).
+  for v in "--argmax host" "--shapes 1,16" "--shapes 1,32"; do
+    echo "== MoE lookup $v"
+    timeout 40 $L bench $M --limit 2 --drafter lookup $v --json $O/moe.json 2>&1 | grep -E "^\| (plain|lookup) "
+    by_batch $O/moe.json | tail -n +2
+  done
+  el "MoE: host argmax, one padded size"
   timeout 45 $L bench $M --limit 1 --synthetic len=4 --synthetic-k 15 --shapes auto 2>&1 | quiet
   el "synthetic MoE len=4 shapes=auto"
   timeout 60 $V/python scripts/shape_costs.py -m /tmp/models/rand-moe.gguf --gpu-layers $NGL --repeats 4

@@ -18,7 +18,7 @@ from localspec import cli
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"
 # What the script's loops and variables stand for, one value each.
-STAND_INS = {"$O": "/tmp/out", "$1": "len=4", "$2": "auto", "$rb": "8"}
+STAND_INS = {"$O": "/tmp/out", "$1": "len=4", "$2": "auto", "$rb": "8", "$v": "--shapes 1,16", "$m": "moe"}
 
 
 def logical_lines() -> list[str]:

@@ -188,7 +188,8 @@ def test_top_k_on_the_device_samples_what_the_host_samples(small_model, capfd):
 
 def test_padded_batches_change_nothing_but_their_shape(small_model, reference):
     """Verification batches padded up to fixed sizes (ContextConfig.shapes: rows nobody reads,
-    in a sequence of their own, so llama.cpp can reuse its graph): greedy output is plain
+    in a sequence of their own, so llama.cpp can reuse its graph), the output buffer grown
+    there ahead of them (reserve_outputs): greedy output is plain
     decoding's with the argmax on the host and on the device, and after each iteration the
     padding's sequence is empty and the cache holds exactly the emitted tokens. On the device
     every speculating step stays in 16 rows (a pad rule, as the live curve's where leaving a
@@ -201,6 +202,11 @@ def test_padded_batches_change_nothing_but_their_shape(small_model, reference):
             ctx.pad_rule = (lambda n, n_context: max(n, 16)) if on_device else None
             prompt = small_model.tokenize(prompts[0])
             ctx.prefill(prompt)
+            # The output buffer grown ahead of long drafts: a forward in the padding's
+            # sequence, gone after (a no-op without padding or a sampler on the device)
+            ctx.reserve_outputs(24)
+            assert ctx.tokens == prompt and ctx.seq_pos_max(pad_seq) == -1 and ctx.seq_pos_max(0) == len(prompt) - 1
+            assert (ctx._device is not None) == on_device
             two = DraftTree(np.array([1, 2], np.int32), np.array([-1, 0], np.int32), np.ones(2))
             launch(ctx, two, prompt[-1:])
             assert ctx.seq_pos_max(pad_seq) == len(prompt) + 1 and ctx.shape == 4  # one padding row: 3 became 4
