@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 from localspec import store
+from localspec.control.cascade import CascadeConfig
 from localspec.control.controllers import controller_for
 from localspec.drafters.base import DraftClock
 from localspec.drafters.loaded import Drafters, loads_mtp, needs_features
@@ -24,7 +25,7 @@ from localspec.drafters.spec import AUTO, NONE, DrafterSpec
 from localspec.drafters.suffix import StoreSetting
 from localspec.errors import LocalspecError
 from localspec.llama import Model
-from localspec.llama.context import ContextConfig, default_threads
+from localspec.llama.context import ContextConfig, default_threads, reserve_outputs
 from localspec.llama.curve import POWERS_OF_TWO, CostModel, stable_shapes
 from localspec.llama.live import LiveCurve
 from localspec.llama.model import LogHandler, set_log_handler
@@ -339,7 +340,7 @@ class Engine:
                     if self.cfg.shapes is None:  # auto: the sizes worth their own shape on this curve
                         ctx.shapes = stable_shapes(curve, ctx.shapes)
                     if self.offloaded:  # (a growth costs a CPU little, a forward of 65 rows a second)
-                        ctx.reserve_outputs(len(curve.seconds) + 1)  # before the first request's longest drafts
+                        reserve_outputs(ctx, len(curve.seconds) + 1)  # before the first request's longest drafts
 
     def ready(self, spec: DrafterSpec) -> bool:
         """Whether a request with `spec` runs on what is loaded and measured (prepare(spec)
@@ -350,7 +351,8 @@ class Engine:
         """What runs a request with this spec."""
         if spec in self._cascades:
             return self._cascades[spec]
-        controller = controller_for(spec, self.drafters, self.planning.prepare, self.ctx.n_paths, self.ctx.flat)
+        controller = controller_for(spec, self.drafters, self.planning.prepare, self.ctx.n_paths, self.ctx.flat,
+                                    CascadeConfig(settle=2 if self.offloaded else 0))
         if spec.kind == "auto":
             self._cascades[spec] = controller
         return controller

@@ -5,7 +5,7 @@
 # tools/CMakeLists.txt that builds mtmd, which it links, and it alone): llama-cpp-python built for CUDA
 # (llama-server in the same build), localspec on it, random-weight Qwen2.5-7B and
 # Qwen3-30B-A3B shapes (../shared/gpu/make_model.py, make_moe.py), then (issue 43) the
-# code-edit bench with the default argmax on the device, every output checked against plain
+# code-edit bench (lookup, suffix and auto, the default) with the argmax on the device, every output checked against plain
 # decoding and any row the device gave no valid token for counted, host and forward ms by
 # batch size (and forward ms by place in a run of one size: a change, the 2nd, the 3rd+); the
 # MoE's (issue 46): the same bench, again with CUDA graphs off, synthetic acceptance, and what
@@ -106,7 +106,7 @@ if [ -n "${SHORT:-}" ]; then  # the MoE's and the 7B's lookup and auto, forward 
   done; exit 0
 fi
 B="bench --workload code-edit --limit 3 --max-tokens 128 -m /tmp/models/rand-7b.gguf"
-timeout 100 $L $B --drafter lookup --drafter suffix --json $O/bench-7b.json > $O/bench-7b.txt 2>&1
+timeout 100 $L $B --drafter lookup --drafter suffix --drafter auto --json $O/bench-7b.json > $O/bench-7b.txt 2>&1
 quiet < $O/bench-7b.txt; echo "rows without a valid device token: $(grep -c 'no valid token' $O/bench-7b.txt)"
 grep "not finite" $O/bench-7b.txt | head -2; by_batch $O/bench-7b.json
 el "bench 7b (argmax on the device)"
@@ -114,7 +114,7 @@ el "bench 7b (argmax on the device)"
 # (LiveCurve pads a step to the last shape where that is cheaper), with CUDA graphs and without.
 if [ -z "${QUICK:-}" ]; then
   M="-m /tmp/models/rand-moe.gguf --workload code-edit --max-tokens 128"
-  timeout 80 $L bench $M --limit 2 --drafter lookup --json $O/bench-moe.json 2>&1 | quiet
+  timeout 80 $L bench $M --limit 2 --drafter lookup --drafter auto --json $O/bench-moe.json 2>&1 | quiet
   by_batch $O/bench-moe.json
   el "bench MoE (argmax on the device)"
   GGML_CUDA_DISABLE_GRAPHS=1 timeout 60 $L bench $M --limit 2 --drafter lookup --json $O/bench-moe-nographs.json 2>&1 | grep -E "^\| (plain|lookup) "

@@ -23,7 +23,7 @@ from localspec.drafters.draft_model import DraftModelDrafter, draft_context
 from localspec.drafters.lookup import LookupDrafter
 from localspec.errors import LocalspecError
 from localspec.llama import Context, Model
-from localspec.llama.context import ContextConfig
+from localspec.llama.context import ContextConfig, reserve_outputs
 from localspec.llama.curve import CostCurve
 from localspec.loop import RunOptions, Stats, generate, run
 from localspec.sampling import SamplingConfig, TokenSampler
@@ -204,7 +204,7 @@ def test_padded_batches_change_nothing_but_their_shape(small_model, reference):
             ctx.prefill(prompt)
             # The output buffer grown ahead of long drafts: a forward in the padding's
             # sequence, gone after (a no-op without padding or a sampler on the device)
-            ctx.reserve_outputs(24)
+            reserve_outputs(ctx, 24)
             assert ctx.tokens == prompt and ctx.seq_pos_max(pad_seq) == -1 and ctx.seq_pos_max(0) == len(prompt) - 1
             assert (ctx._device is not None) == on_device
             two = DraftTree(np.array([1, 2], np.int32), np.array([-1, 0], np.int32), np.ones(2))

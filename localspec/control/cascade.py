@@ -60,6 +60,11 @@ class CascadeConfig:
     set_len: int = 16        # iterations per set phase (S), doubled each time speculation goes off
     max_set_len: int = 128   # ... or each time a test phase confirms the arm that ran, up to this
     base_len: int = 4        # plain iterations measuring the baseline
+    # A plain run's first iterations, run but left out of the baseline: on a GPU the first two
+    # forwards after a batch of another size pay for a new graph and for capturing a CUDA graph
+    # (H200, MoE: 6.5 and 9.7 ms, then 3.3), which would rate speculation up to 1.7x too high.
+    # The engine sets 2 where the target is offloaded; 0 on a CPU, where steps do not slow so.
+    settle: int = 0
     base_every: int = 100    # iterations between baseline measurements
     ladder: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)  # the Ks hill-climbing steps through
     converge: float = 0.10   # neighbouring utilities this close: stop climbing
@@ -173,12 +178,15 @@ class Cascade:
         self._phase, self._span = phase, self._span + 1
         self._shadows: dict[str, list[tuple[int, float]]] = {}
         tokens = seconds = 0.0
+        settled = [0.0, 0.0]  # tokens and seconds after the first `settle` iterations
         first = len(self.trace)
         window = self.cfg.trial
         for i in range(1, n + 1):
             self._at = (i, n, chosen_at)
             t, s = yield arm
             tokens, seconds = tokens + t, seconds + s
+            if i > self.cfg.settle:
+                settled = [settled[0] + t, settled[1] + s]
             if arm == PLAIN and phase == "set" and (woken := self._waking()) is not None:
                 self.memory[woken].skip = self.memory[woken].losses = 0  # its back-off is over
                 break
@@ -190,8 +198,9 @@ class Cascade:
                     (1.0 - self.cfg.converge) * chosen_at * sum(r.seconds for r in recent)
                 if fell:
                     break
-        if arm == PLAIN and tokens:
-            self.t_base, self.base_at = seconds / tokens, self.iteration
+        if arm == PLAIN and (settled[0] or tokens and not self.t_base):
+            base_tokens, base_seconds = settled if settled[0] else (tokens, seconds)
+            self.t_base, self.base_at = base_seconds / base_tokens, self.iteration
         u = tokens / seconds * self.t_base if seconds > 0 else 0.0
         for row in self.trace[first:]:
             row.utility = u
@@ -200,7 +209,7 @@ class Cascade:
     def _run(self) -> Generator[Arm, tuple, None]:
         while True:
             if not self.t_base or self.iteration - self.base_at >= self.cfg.base_every:
-                yield from self._iterations(PLAIN, self.cfg.base_len, "base")
+                yield from self._iterations(PLAIN, self.cfg.base_len + self.cfg.settle, "base")
             best, chosen_at = yield from self._test()
             u = yield from self._iterations(best, self.set_len, "set", chosen_at if best != PLAIN else 0.0)
             self.last_set = best

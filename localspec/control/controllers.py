@@ -24,17 +24,19 @@ Choice = tuple[Drafter, Budget, DraftTree]
 
 
 def controller_for(spec: DrafterSpec, drafters: Drafters, curve: Callable[[], CostModel],
-                   n_seq_max: int, flat: bool = False) -> Plain | Fixed | CascadeController:
+                   n_seq_max: int, flat: bool = False,
+                   cascade: CascadeConfig = CascadeConfig()) -> Plain | Fixed | CascadeController:
     """What runs requests with this spec, its drafters built (the ones that cannot be had say
     so here, before `curve` is asked for: measuring it may take seconds). n_seq_max: the
-    paths a tree may have; flat: each verified in rows of its own (Budget)."""
+    paths a tree may have; flat: each verified in rows of its own (Budget); cascade: auto's
+    settings."""
     if spec.kind == "none":
         return Plain()
     if spec.kind != "auto":
         drafter = drafters.get(spec)
         return Fixed(drafter, Budget(curve(), n_seq_max, spec.k, static=spec.k is not None, flat=flat), spec.label)
     members = {d.label: drafters.get(d) for d in spec.members or drafters.available()}
-    return CascadeController(members, curve(), n_seq_max, flat=flat)
+    return CascadeController(members, curve(), n_seq_max, cascade, flat=flat)
 
 
 class Plain:

@@ -132,12 +132,11 @@ class Context:
         self.all_exact = False
         # (prompt length, its last row: logits, or its token id with the argmax on the device)
         self._last: tuple[int, np.ndarray | int] | None = None
-        # A launched batch not yet accepted (verify.launch, verify.accept): its native batch
-        # first, then what accepting it needs.
+        # A launched batch not yet accepted (verify.launch, verify.accept): its native batch first, then the rest.
         self.inflight: tuple | None = None
         self._device: _native.SamplerOnDevice | None = None  # see sample_on_device
         self._device_top_k = 0  # what it runs: 0 the argmax, k a top-k
-        self._rows_reserved = 0  # see reserve_outputs
+        self._rows_reserved = 0  # output rows llama.cpp's buffer holds (reserve_outputs)
         self.shapes = sorted(config.shapes)  # the engine may narrow them to its cost curve's
         # (n, context length) -> the rows a speculating batch of n runs as, where the engine's
         # curve says staying in the last forward's shape, or a wider batch, costs less (the
@@ -215,29 +214,6 @@ class Context:
             except ValueError:  # a backend that cannot (llama.cpp said why in its log)
                 pass
         self._last = None  # a prompt's last row read in the other mode
-
-    def reserve_outputs(self, n: int) -> None:
-        """Grow llama.cpp's output buffer to n rows read from a sampler on the device, now
-        rather than inside a request. It only grows, each time a batch outputs more rows than it
-        holds, and with a sampler attached it holds every row's logits, probabilities and
-        candidates in pinned memory (2.4 MB a row for a 152k vocabulary): on the H200 a growth
-        cost 14-55 ms at 8-64 rows, paid in the first long drafts (docs/benchmarks.md, "On an
-        H200, 2026-12-04 (session 45)"). One forward of n rows in the padding's sequence,
-        removed after; the argmax stays attached (a request sets its own)."""
-        if not self.config.sample_on_device or self.pad_seq < 0 or n <= self._rows_reserved or n > self.config.n_batch or \
-                len(self.tokens) + n > self.n_ctx:
-            return
-        if self._device is None:
-            self.sample_on_device(0)
-            if self._device is None:  # a backend that cannot
-                return
-        self.abandon()
-        first = len(self.tokens)
-        self.decode([i % self.model.n_vocab for i in range(n)], range(first, first + n),
-                    [[self.pad_seq]] * n, [True] * n)
-        self.synchronize()
-        self._seq_rm(self.pad_seq, 0, -1)
-        self._rows_reserved = n
 
     @property
     def rows_from(self) -> int:
@@ -461,3 +437,26 @@ def hidden_rows(ctx: Context, rows: Sequence[int]) -> np.ndarray:
             list(rows) == list(range(rows[0], rows[0] + n)):
         return np.ctypeslib.as_array(ends[0], shape=(n, ctx.model.n_embd))
     return np.stack([ctx.hidden(r) for r in rows])
+
+
+def reserve_outputs(ctx: Context, n: int) -> None:
+    """Grow llama.cpp's output buffer to n rows read from a sampler on the device, now
+    rather than inside a request. It only grows, each time a batch outputs more rows than it
+    holds, and with a sampler attached it holds every row's logits, probabilities and
+    candidates in pinned memory (2.4 MB a row for a 152k vocabulary): on the H200 a growth
+    cost 14-55 ms at 8-64 rows, paid in the first long drafts (docs/benchmarks.md, "On an
+    H200, 2026-12-04 (session 45)"). One forward of n rows in the padding's sequence,
+    removed after; the argmax stays attached (a request sets its own)."""
+    if not ctx.config.sample_on_device or ctx.pad_seq < 0 or n <= ctx._rows_reserved or \
+            n > ctx.config.n_batch or len(ctx.tokens) + n > ctx.n_ctx:
+        return
+    if ctx._device is None:
+        ctx.sample_on_device(0)
+        if ctx._device is None:  # a backend that cannot
+            return
+    ctx.abandon()
+    first = len(ctx.tokens)
+    ctx.decode([i % ctx.model.n_vocab for i in range(n)], range(first, first + n), [[ctx.pad_seq]] * n, [True] * n)
+    ctx.synchronize()
+    ctx._seq_rm(ctx.pad_seq, 0, -1)
+    ctx._rows_reserved = n
