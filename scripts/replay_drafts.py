@@ -7,7 +7,8 @@ The drafter learns as it does in the engine (its store takes each answer after i
 Beside it, what the same proposals allow sized in hindsight (hindsight()), and with
 `--breakdown` where the sized drafts win and lose, by rows drafted and accepted.
 `--auto` runs the drafter inside Cascade as auto does (its test, set and plain phases priced
-on the curve). `--own-long` / `--store-long` set the priors of 12-, 16- and 24-token matches (MatchAcceptance)
+on the curve). `--graph-costs C,S` prices a GPU's change of batch shape and a shape's second
+forward (C and S plain steps more; the engine's own LiveCurve then plans, learning them). `--own-long` / `--store-long` set the priors of 12-, 16- and 24-token matches (MatchAcceptance)
 to compare settings on the same answers (with several recordings, their geometric mean per
 curve: one recording's answers are few enough that a small change in sizing moves it by 1-2%
 either way); `--set` changes a module's setting for the replay; `--choose-in-hindsight` has the drafter take whichever source's sized tree (the
@@ -37,12 +38,15 @@ from pathlib import Path
 from localspec.bench import workloads
 from localspec.bench.ceiling import Corpus, copy_ceiling
 from localspec.bench.runner import answers_cache, near_tie, run_ours, turns, warm_documents
+from localspec.control.cascade import CascadeConfig
 from localspec.control.controllers import CascadeController, controller_for
 from localspec.drafters.base import Budget
 from localspec.drafters.spec import NONE, DrafterSpec
 from localspec.drafters.suffix import SuffixDrafter
 from localspec.engine import Engine, EngineConfig
-from localspec.llama.curve import read_curve
+from localspec.llama.context import padded_shape
+from localspec.llama.curve import POWERS_OF_TWO, read_curve, stable_shapes
+from localspec.llama.live import LiveCurve
 from localspec.sampling import SamplingConfig
 from localspec.verify import DraftTree, depths_of
 
@@ -132,7 +136,9 @@ class Calibration:
 def replay(engine: Engine, data: dict, curve, own_long, store_long,
            breakdown: dict[str, list[float]] | None = None, hindsight_choice: bool = False,
            trace: bool = False, price_on=None, auto: bool = False,
-           timing_noise: float = 0.0, calibration: Calibration | None = None) -> tuple[float, float]:
+           timing_noise: float = 0.0, calibration: Calibration | None = None,
+           graph_costs: tuple[float, float] = (0.0, 0.0), settle: int = 0,
+           shapes: tuple[int, ...] | None = None) -> tuple[float, float]:
     """(speedup over plain decoding on `curve`, tokens per iteration). `breakdown` (a
     defaultdict of [0, 0, 0]) sums per kind of iteration (rows verified, how many accepted):
     iterations, forwards' time beyond a plain step's, tokens accepted. `trace`: a line per
@@ -143,10 +149,20 @@ def replay(engine: Engine, data: dict, curve, own_long, store_long,
     shadows), each iteration timed at the curve's price (the drafter's host time left out),
     times a lognormal factor of sigma `timing_noise` in what Cascade hears (a real loop's
     iterations vary; the speedup is priced without it). `calibration`: every proposal's nodes
-    counted there."""
+    counted there. `graph_costs`: what a GPU's forward costs beyond the curve, in plain steps,
+    at a change of batch shape and at the second forward of a shape (a new graph; the capture
+    of its CUDA graph: the H200's MoE 0.87 and 2.0, its 7B 0.28 and 0.97), plain decoding in a
+    run of its own paying neither; `settle`: Cascade's (CascadeConfig.settle); `shapes`: the
+    padded shapes (default: the engine's, stable_shapes)."""
     drafter = drafter_for(engine, data, own_long, store_long, hindsight_choice)
-    controller = CascadeController({"suffix": drafter}, curve, 8) if auto else None
     noise = np.random.default_rng(0)
+    # With a GPU's graph costs the engine's own curve plans: corrected by what each forward
+    # cost, in the shape it ran in, after the last forward's (LiveCurve, as in the engine).
+    static, shapes = curve, shapes or stable_shapes(curve, POWERS_OF_TWO)
+    if any(graph_costs):
+        curve = LiveCurve(static)
+        curve.pad_with(shapes)
+    controller = CascadeController({"suffix": drafter}, curve, 8, CascadeConfig(settle=settle)) if auto else None
     t_spec = t_plain = 0.0
     n_iterations = n_tokens = 0
     for turn in data["turns"]:
@@ -155,6 +171,7 @@ def replay(engine: Engine, data: dict, curve, own_long, store_long,
         if controller:
             controller.begin()
         pos = 1  # the prompt's forward gave the first token
+        last_shape, run = 1, 3  # as in plain decoding's run
         while pos < len(answer):
             context = prompt + answer[:pos]
             here = curve.at(len(context))
@@ -178,11 +195,19 @@ def replay(engine: Engine, data: dict, curve, own_long, store_long,
                       + (f"; {controller.arm} ({controller.phase})" if controller else ""))
             if price_on is None:
                 took = here.cost(1 + len(tree))
-                t_plain += here.cost(1) * (n + 1)
+                t_plain += static.at(len(context)).cost(1) * (n + 1)  # a plain run's step
             else:
                 actual = price_on.unpadded_at(len(context))
                 took = float(actual[curve.pad_to(1 + len(tree), len(context)) - 1])
                 t_plain += float(actual[0]) * (n + 1)
+            if any(graph_costs):  # in the shape the engine pads to (verify.padded), priced exactly
+                speculating = choice is not None if controller else True
+                shape = padded_shape(shapes, curve.pad_to(1 + len(tree), len(context)) if speculating else 1 + len(tree))
+                run, last_shape = run + 1 if shape == last_shape else 1, shape
+                exact = (static if price_on is None else price_on).unpadded_at(len(context))
+                took = float(exact[shape - 1]) + float(exact[0]) * (
+                    graph_costs[0] if run == 1 else graph_costs[1] if run == 2 else 0.0)
+                curve.observe(shape, len(context), took)
             t_spec += took
             if controller:
                 controller.record(n + 1, took * float(np.exp(timing_noise * noise.standard_normal())), len(tree), n)
@@ -358,6 +383,11 @@ def main() -> None:
     s.add_argument("--auto", action="store_true", help="the drafter inside Cascade, as auto runs it")
     s.add_argument("--timing-noise", type=float, default=0.0, metavar="SIGMA",
                    help="with --auto: each iteration's time as Cascade hears it varies by a lognormal factor")
+    s.add_argument("--graph-costs", type=floats, default=(0.0, 0.0), metavar="CHANGE,SECOND",
+                   help="a GPU's extra cost, in plain steps, at a change of batch shape and at a shape's second forward")
+    s.add_argument("--shapes", type=lambda text: tuple(int(x) for x in text.split(",")),
+                   help="with --graph-costs: the batch shapes padded to (default: the engine's)")
+    s.add_argument("--settle", type=int, default=0, help="with --auto: Cascade's settle (plain steps left out of its baseline)")
     s.add_argument("--calibration", action="store_true",
                    help="per depth and estimated reach, how often the text went through the proposals' nodes")
     s.add_argument("--ceiling", action="append", type=int, default=[], metavar="M",
@@ -393,7 +423,7 @@ def main() -> None:
                 calibration = Calibration() if a.calibration else None
                 speedup, tau = replay(engine, data, curve, a.own_long, a.store_long, kinds, a.choose_in_hindsight,
                                       a.trace, read_curve(a.price_on) if a.price_on else None, a.auto,
-                                      a.timing_noise, calibration)
+                                      a.timing_noise, calibration, a.graph_costs, a.settle, a.shapes)
                 best = hindsight(engine, data, curve, a.own_long, a.store_long)
                 ceilings = "".join(f"; copy ceiling after {m}-token matches {ceiling(data, curve, m):.3f}x"
                                    for m in a.ceiling)
