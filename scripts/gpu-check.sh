@@ -19,7 +19,8 @@
 # The log, the JSON and the cost curves (one tarball) land in $OUT (a call brings back 8 files).
 #   run(command="bash scripts/gpu-check.sh", carry=[".gpu"], timeout_s=590)
 # QUICK=1: the 7B alone (no MoE, no shapes-off run), for a second call in a short budget;
-# SHORT=1: the build, then the MoE's and the 7B's lookup and auto benches only.
+# SHORT=1: the build, then the MoE's and the 7B's lookup and auto benches only (the build took
+# 208-268 s, once over 350: give a fresh machine's call at least 450 s).
 # REHEARSE=1: on the development machine, every step as written but on the CPU, without the
 # build (the checkout's .venv), SmolLM2 standing in for the 7B, tiny random ones for the MoE and the
 # 1B hybrid: a flag renamed since the last device run shows here, not in the device's minutes.

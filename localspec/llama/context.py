@@ -444,7 +444,7 @@ def reserve_outputs(ctx: Context, n: int) -> None:
     rather than inside a request. It only grows, each time a batch outputs more rows than it
     holds, and with a sampler attached it holds every row's logits, probabilities and
     candidates in pinned memory (2.4 MB a row for a 152k vocabulary): on the H200 a growth
-    cost 14-55 ms at 8-64 rows, paid in the first long drafts (docs/benchmarks.md, "On an
+    cost 14-73 ms at 8-64 rows, paid in the first long drafts (docs/benchmarks.md, "On an
     H200, 2026-12-04 (session 45)"). One forward of n rows in the padding's sequence,
     removed after; the argmax stays attached (a request sets its own)."""
     if not ctx.config.sample_on_device or ctx.pad_seq < 0 or n <= ctx._rows_reserved or \
