@@ -85,6 +85,7 @@ el "localspec installed"; [ -z "$MODELS" ] || wait $MODELS; cat /tmp/models.log 
 L=$V/localspec; NGL=99; [ -n "${REHEARSE:-}" ] && NGL=0
 left() { [ $(( $(date +%s) - S )) -lt $1 ]; }  # still before second $1 of the call
 quiet() { grep -v "^bench\|warming\|^localspec: [a-z]* curve"; }  # the tables, without progress lines
+rows() { grep -E "^\| (plain|lookup|auto|mtp)"; }  # a bench table's rows alone
 by_batch() {  # ms by batch size from a bench's JSON: forward / host
   echo "forward / host ms by batch:"
   $V/python - $1 <<'PY'
@@ -102,7 +103,7 @@ $L generate -m /tmp/models/rand-7b.gguf --max-tokens 8 --drafter none "def f(x):
 if [ -n "${SHORT:-}" ]; then  # the MoE's and the 7B's lookup and auto, forward ms by batch, then stop
   for m in moe 7b moe; do
     timeout 60 $L bench -m /tmp/models/rand-$m.gguf --workload code-edit --max-tokens 128 --limit 2 \
-      --drafter lookup --drafter auto --json $O/short-$m.json 2>&1 | grep -E "^\| (plain|lookup|auto) "
+      --drafter lookup --drafter auto --json $O/short-$m.json 2>&1 | rows
     by_batch $O/short-$m.json; el "$m"
   done; exit 0
 fi
@@ -118,15 +119,15 @@ if [ -z "${QUICK:-}" ]; then
   timeout 80 $L bench $M --limit 2 --drafter lookup --drafter auto --json $O/bench-moe.json 2>&1 | quiet
   by_batch $O/bench-moe.json
   el "bench MoE (argmax on the device)"
-  GGML_CUDA_DISABLE_GRAPHS=1 timeout 60 $L bench $M --limit 2 --drafter lookup --json $O/bench-moe-nographs.json 2>&1 | grep -E "^\| (plain|lookup) "
+  GGML_CUDA_DISABLE_GRAPHS=1 timeout 60 $L bench $M --limit 2 --drafter lookup --json $O/bench-moe-nographs.json 2>&1 | rows
   by_batch $O/bench-moe-nographs.json
   el "bench MoE, CUDA graphs off (what a size change costs without them)"
   # Which remedy: the rows read on the host (no samplers in the graph), and every verification
   # padded to one size (the graph kept: only a no-draft step, at 1 row, changes it).
   for v in "--argmax host" "--shapes 1,16" "--shapes 1,32"; do
     echo "== MoE lookup $v"
-    timeout 40 $L bench $M --limit 2 --drafter lookup $v --json $O/moe.json 2>&1 | grep -E "^\| (plain|lookup) "
-    by_batch $O/moe.json | tail -n +2
+    timeout 40 $L bench $M --limit 2 --drafter lookup $v --json $O/moe.json 2>&1 | rows
+    by_batch $O/moe.json
   done
   el "MoE: host argmax, one padded size"
   timeout 45 $L bench $M --limit 1 --synthetic len=4 --synthetic-k 15 --shapes auto 2>&1 | quiet
@@ -175,7 +176,7 @@ if left 480; then
   for rb in 0 8; do
     echo "--rollback $rb"
     timeout 30 $L bench -m /tmp/models/q35.gguf --workload code-edit --limit 2 --max-tokens 64 --rollback $rb \
-      --drafter lookup 2>&1 | grep -E "^\| (plain|lookup) "
+      --drafter lookup 2>&1 | rows
   done
   el "hybrids (checkpoints against rollback on the device)"
 fi
@@ -185,7 +186,7 @@ fi
 if left 500; then
   $V/python tests/random_gguf.py qwen35 tiny /tmp/models/q35mtp.gguf --mtp --echo --repeats --tokenizer $G/qwen15-skel.gguf > /dev/null
   timeout 30 $L bench -m /tmp/models/q35mtp.gguf --workload code-edit --limit 2 --max-tokens 64 \
-    --drafter mtp --drafter mtp@3 2>&1 | grep -E "^\| (plain|mtp)"
+    --drafter mtp --drafter mtp@3 2>&1 | rows
   $V/python tests/random_gguf.py eagle3 tiny /tmp/models/e3.gguf --target /tmp/models/rand-7b.gguf --draft-vocab 32000 > /dev/null
   timeout 40 $V/python scripts/head_cost.py /tmp/models/rand-7b.gguf eagle3:/tmp/models/e3.gguf --gpu-layers $NGL --reps 9 2>&1 | tail -4
   el "model drafters"

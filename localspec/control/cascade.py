@@ -178,7 +178,7 @@ class Cascade:
         self._phase, self._span = phase, self._span + 1
         self._shadows: dict[str, list[tuple[int, float]]] = {}
         tokens = seconds = 0.0
-        settled = [0.0, 0.0]  # tokens and seconds after the first `settle` iterations
+        base_tokens = base_seconds = 0.0  # after the first `settle` iterations: a plain run's baseline
         first = len(self.trace)
         window = self.cfg.trial
         for i in range(1, n + 1):
@@ -186,7 +186,7 @@ class Cascade:
             t, s = yield arm
             tokens, seconds = tokens + t, seconds + s
             if i > self.cfg.settle:
-                settled = [settled[0] + t, settled[1] + s]
+                base_tokens, base_seconds = base_tokens + t, base_seconds + s
             if arm == PLAIN and phase == "set" and (woken := self._waking()) is not None:
                 self.memory[woken].skip = self.memory[woken].losses = 0  # its back-off is over
                 break
@@ -198,8 +198,9 @@ class Cascade:
                     (1.0 - self.cfg.converge) * chosen_at * sum(r.seconds for r in recent)
                 if fell:
                     break
-        if arm == PLAIN and (settled[0] or tokens and not self.t_base):
-            base_tokens, base_seconds = settled if settled[0] else (tokens, seconds)
+        if arm == PLAIN and not base_tokens and not self.t_base:  # a run too short to settle, and no baseline yet
+            base_tokens, base_seconds = tokens, seconds
+        if arm == PLAIN and base_tokens:
             self.t_base, self.base_at = base_seconds / base_tokens, self.iteration
         u = tokens / seconds * self.t_base if seconds > 0 else 0.0
         for row in self.trace[first:]:
