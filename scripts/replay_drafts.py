@@ -17,7 +17,9 @@ predicts pays more (what that choice is worth at most). `live` runs a workload's
 the loop's own time, a drafter as localspec has it against with `--set` changes, alternated
 per turn: whether a gain replayed on a curve holds where the forwards are real. `--ceiling M`:
 beside each figure, the copy ceiling of a copier that must match M tokens to copy (1: the
-bench's clairvoyant one; a lookup drafter matches at least 2).
+bench's clairvoyant one; a lookup drafter matches at least 2). `--in-hindsight fresh|copy`:
+the proposals made outside (or inside) a copy verified exactly as far as the text follows
+them, the rest sized: which half of sizing leaves the gap to hindsight.
 
     .venv/bin/python scripts/replay_drafts.py record chat-session 4 /tmp/chat.json
     .venv/bin/python scripts/replay_drafts.py replay /tmp/chat.json /tmp/edit.json \\
@@ -138,7 +140,7 @@ def replay(engine: Engine, data: dict, curve, own_long, store_long,
            trace: bool = False, price_on=None, auto: bool = False,
            timing_noise: float = 0.0, calibration: Calibration | None = None,
            graph_costs: tuple[float, float] = (0.0, 0.0), settle: int = 0,
-           shapes: tuple[int, ...] | None = None) -> tuple[float, float]:
+           shapes: tuple[int, ...] | None = None, in_hindsight: str = "") -> tuple[float, float]:
     """(speedup over plain decoding on `curve`, tokens per iteration). `breakdown` (a
     defaultdict of [0, 0, 0]) sums per kind of iteration (rows verified, how many accepted):
     iterations, forwards' time beyond a plain step's, tokens accepted. `trace`: a line per
@@ -153,7 +155,10 @@ def replay(engine: Engine, data: dict, curve, own_long, store_long,
     at a change of batch shape and at the second forward of a shape (a new graph; the capture
     of its CUDA graph: the H200's MoE 0.87 and 2.0, its 7B 0.28 and 0.97), plain decoding in a
     run of its own paying neither; `settle`: Cascade's (CascadeConfig.settle); `shapes`: the
-    padded shapes (default: the engine's, stable_shapes)."""
+    padded shapes (default: the engine's, stable_shapes). `in_hindsight` ("fresh" or "copy"):
+    the proposals made outside (or inside) a copy the text follows (Calibration.IN_COPY)
+    verified exactly as far as the text follows them, the rest as sized: where sizing's gap
+    to hindsight() lies."""
     drafter = drafter_for(engine, data, own_long, store_long, hindsight_choice)
     noise = np.random.default_rng(0)
     # With a GPU's graph costs the engine's own curve plans: corrected by what each forward
@@ -184,9 +189,11 @@ def replay(engine: Engine, data: dict, curve, own_long, store_long,
                 budget = Budget(here, 8).within(len(answer) - pos - 1)
                 proposal = drafter.propose(context, budget)
                 tree = budget.size(proposal)
+            in_copy = max(drafter.lookup.acceptance.copied, drafter.acceptance.copied) >= Calibration.IN_COPY
+            if in_hindsight and len(proposal) and in_copy == (in_hindsight == "copy"):
+                tree = followed_path(proposal, answer[pos:])
             n = tree.walk(answer[pos:])[0] if len(tree) else 0
             if calibration is not None and len(proposal):
-                in_copy = max(drafter.lookup.acceptance.copied, drafter.acceptance.copied) >= calibration.IN_COPY
                 calibration.add(proposal, answer[pos:], in_copy, len(answer) - pos - 1)
             if trace:
                 followed = proposal.walk(answer[pos:])[0] if len(proposal) else 0
@@ -219,6 +226,12 @@ def replay(engine: Engine, data: dict, curve, own_long, store_long,
             n_iterations, n_tokens, pos = n_iterations + 1, n_tokens + n + 1, pos + n + 1
         drafter.store.add(answer)
     return t_plain / t_spec, n_tokens / max(n_iterations, 1)
+
+
+def followed_path(tree: DraftTree, future: list[int]) -> DraftTree:
+    """The chain of `tree`'s nodes the text goes through: a proposal sized in hindsight."""
+    nodes = tree.path(future)[0]
+    return DraftTree(tree.tokens[nodes], np.arange(-1, len(nodes) - 1).astype(tree.parents.dtype), tree.reach[nodes])
 
 
 def hindsight(engine: Engine, data: dict, curve, own_long, store_long) -> float:
@@ -392,6 +405,8 @@ def main() -> None:
                    help="per depth and estimated reach, how often the text went through the proposals' nodes")
     s.add_argument("--ceiling", action="append", type=int, default=[], metavar="M",
                    help="the copy ceiling beside each figure, for a copier that must match M tokens (1: the bench's)")
+    s.add_argument("--in-hindsight", choices=("fresh", "copy"), default="",
+                   help="proposals made outside (fresh) or inside a copy verified as far as the text follows them")
     s.add_argument("--trace", action="store_true",
                    help="per iteration: nodes sized in and accepted, against how far the unsized proposal is followed")
     v = sub.add_parser("live", help="a workload's turns run live: a drafter as it is against with --set changes")
@@ -423,7 +438,8 @@ def main() -> None:
                 calibration = Calibration() if a.calibration else None
                 speedup, tau = replay(engine, data, curve, a.own_long, a.store_long, kinds, a.choose_in_hindsight,
                                       a.trace, read_curve(a.price_on) if a.price_on else None, a.auto,
-                                      a.timing_noise, calibration, a.graph_costs, a.settle, a.shapes)
+                                      a.timing_noise, calibration, a.graph_costs, a.settle, a.shapes,
+                                      a.in_hindsight)
                 best = hindsight(engine, data, curve, a.own_long, a.store_long)
                 ceilings = "".join(f"; copy ceiling after {m}-token matches {ceiling(data, curve, m):.3f}x"
                                    for m in a.ceiling)
