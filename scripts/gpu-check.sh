@@ -11,7 +11,7 @@
 # MoE's (issue 46): the same bench, again with CUDA graphs off, synthetic acceptance, and what
 # a change of size costs, part by part (scripts/shape_costs.py, on the 7B too); T 0.8 with top-k 40 up to 17 rows (each row's
 # candidates from the graph), log-probabilities (the rows read on the host) against plain
-# decoding's; the synthetic-acceptance bench (mean length 4: chains, trees, a no-draft step
+# decoding's; the synthetic-acceptance bench (mean length 4: chains, trees of 2K and of the chain's K, a no-draft step
 # against plain's) beside llama.cpp's own loop at the same rates, and with the batch shapes off;
 # then, time allowing, Jakiro's draft trees grown on the device against the target's forward
 # (scripts/jakiro_cost.py), tiny hybrids (qwen35: chains with the recurrent state rolled back),

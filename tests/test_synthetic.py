@@ -31,8 +31,8 @@ def test_rates_as_llama_cpp_resolves_them():
 def test_synthetic_runs_are_plain_decodings_output_at_the_rates(small_path):
     """Certain acceptance (rates of 1) emits K + 1 tokens an iteration wherever the answer
     runs on; none (rates of 0) emits one. Every arm's output is plain decoding's (SmolLM2 on one
-    thread, where batched rows reproduce single ones), the trees verify 2K nodes and the idle
-    arm has plain steps among its drafted ones."""
+    thread, where batched rows reproduce single ones), the trees verify 2K nodes (the tree of K:
+    the chain's K + 1 rows) and the idle arm has plain steps among its drafted ones."""
     engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=1, store="off", n_seq_max=5,
                                  curve=str(RECORDED_CURVE)))
     try:
@@ -43,9 +43,10 @@ def test_synthetic_runs_are_plain_decodings_output_at_the_rates(small_path):
         engine.close()
     for arm in sure + never:
         assert arm.identical == arm.runs == 1, arm.name
-    plain, chain, tree, idle = sure
+    plain, chain, tree, tree_k, idle = sure
     assert chain.tokens / len(chain.steps) > 4.0 and max(s[0] for s in chain.steps) == 5
     assert 9 in {s[0] for s in tree.steps}  # the root and 2K nodes (later batches carry pending rows too)
+    assert max(s[0] for s in tree_k.steps) == 5 and tree_k.tokens / len(tree_k.steps) > 4.0  # all K on the chain
     assert {s[0] for s in idle.steps} >= {1, 5}
     assert all(len(a.steps) == a.tokens for a in never)  # one token an iteration
     assert "no-draft step inside a speculative run" in synthetic.report(sure, [1.0] * 4)
@@ -85,7 +86,8 @@ def test_llama_cpp_loop_at_the_same_rates(small_path):
     arms = synthetic.run_llama_server(small_path, [prompt], rates, 24, 1, 1024, 1, 0)
     assert [a.name for a in arms] == ["llama-server plain", "llama-server chain K=4"]
     assert "--spec-synth-rates" in arms[1].extra and "1,1,1,1" in arms[1].extra
-    ours = [synthetic.Arm("plain", tokens=20, seconds=1.0), synthetic.Arm("chain K=4", 1, tokens=20, seconds=0.5)]
+    ours = [synthetic.Arm("plain", tokens=20, seconds=1.0), synthetic.Arm("chain K=4", 1, tokens=20, seconds=0.5),
+            synthetic.Arm("tree K=4", 2, nodes=4, tokens=20, seconds=0.4)]
     text = synthetic.report_llama(arms, ours)
     if not (LLAMA_TOOLS / "llama-server").exists():
         assert all("build-llama-tools.sh" in a.failed for a in arms)
@@ -142,6 +144,38 @@ def test_a_flipped_text_is_followed_at_the_same_rates(small_path):
     assert len(followed) < len(stopped) - 10  # it went on drafting 4 at a time, not one token a step
     assert max(len(it.tokens) for it in followed[4:]) == 5
     assert clock.measured > 0 and sum(it.draft_seconds for it in followed) == pytest.approx(clock.measured)
+
+
+@pytest.mark.unit
+def test_a_tree_of_k_nodes_trades_the_chains_deep_nodes_for_second_guesses_near_the_root():
+    """At a mean length of 4 over 15 positions, the K nodes likeliest to be reached of the
+    2K-node tree hold 3.44 expected draft tokens against the chain's 3.0: second guesses at the
+    first levels (the chain breaks at the first a quarter of the time) are likelier than the
+    chain's deep tokens. Every kept node's parent is kept, and comes first."""
+    from localspec.drafters.base import Budget
+    from localspec.llama.curve import CostCurve
+    from localspec.verify import depths_of
+
+    rates = synthetic.parse_rates("len=4", 15)
+    truth = list(range(100, 140))
+    curve = CostCurve([0.01] * 32, 0)
+    propose = lambda branches, nodes: synthetic.SyntheticDrafter(truth, rates, 1000, branches).propose(  # noqa: E731
+        truth[:20], Budget(curve, 16, nodes, static=True))
+    chain, tree, full = propose(1, 15), propose(2, 15), propose(2, 30)
+    assert len(chain) == len(tree) == 15 and len(full) == 30
+    assert chain.reach.sum() == pytest.approx(3.0) and tree.reach.sum() > 3.4
+    assert full.reach.sum() == pytest.approx(sum(rates) + sum(
+        (rates[d - 1] if d else 1.0) * (1 - c) * c for d, c in enumerate(r / p for r, p in zip(rates, [1.0] + rates))))
+    parents = tree.parents.tolist()
+    assert all(p < i for i, p in enumerate(parents)) and list(tree.reach) == sorted(tree.reach, reverse=True)
+    assert max(depths_of(parents)) < 15 and tree.n_leaves() > 1  # shallower, with second guesses
+    # A text through the first level's second guess: that node sits after the chain's (rejected)
+    # first node, so it comes back as a pending row, and the next proposal holds a node fewer.
+    drafter = synthetic.SyntheticDrafter(truth, rates, 1000, branches=2, same_rows=True)
+    wrong_first = synthetic.best_nodes([999, 121, 122, truth[20]], [-1, 0, 1, -1], [0.75, 0.5, 0.3, 0.19], 4)
+    drafter.last = (20, wrong_first)
+    assert drafter.requeued(truth[:22]) == 1 and drafter.requeued([*truth[:20], 999, 121, 5]) == 0
+    assert len(drafter.propose(truth[:22], Budget(curve, 16, 15, static=True))) == 14
 
 
 @pytest.mark.unit

@@ -70,7 +70,12 @@ class SyntheticDrafter(Drafter):
     first wrong one at a depth drawn with `rates`: position i stays right with probability
     rates[i] / rates[i - 1] once all before it did. `branches` = 2 adds a second child at
     every level, a leaf, that holds the right token, at the level where the chain broke, with
-    that level's conditional rate (a second guess as good as the first): a tree of 2K nodes.
+    that level's conditional rate (a second guess as good as the first): a tree of 2K nodes,
+    of which the budget's max_nodes most likely to be reached are proposed (all 2K, or as many
+    as a chain has: the chain's deep nodes traded for second guesses near the root, where the
+    chain breaks most often). With `same_rows`, a proposal after one whose text went through a
+    second guess holds as many nodes fewer as came back as pending rows (accepted after a
+    rejected node's cell: verify.accept), so that every batch has the chain's rows.
     `idle_every` = n: every n-th proposal is empty (a plain step inside a speculative run).
 
     Batched rows may flip a near-tie that plain decoding's single rows did not (on a GPU with
@@ -85,7 +90,7 @@ class SyntheticDrafter(Drafter):
 
     def __init__(self, truth: Sequence[int], rates: Sequence[float], n_vocab: int, branches: int = 1,
                  idle_every: int = 0, seed: int = 0,
-                 follow: Callable[[list[int], int], list[int]] | None = None):
+                 follow: Callable[[list[int], int], list[int]] | None = None, same_rows: bool = False):
         self.truth = list(truth)
         self.end = len(self.truth)  # where the request ends: no truth past it
         self.follow = follow
@@ -98,6 +103,8 @@ class SyntheticDrafter(Drafter):
         self.rng = random.Random(seed)
         self.proposals = 0
         self.diverged = False
+        self.same_rows = same_rows
+        self.last: tuple[int, DraftTree] | None = None  # the last proposal, and its context's length
 
     def wrong(self, token: int, k: int = 1) -> int:
         return (token + k) % self.n_vocab
@@ -107,7 +114,8 @@ class SyntheticDrafter(Drafter):
         if self.idle_every and self.proposals % self.idle_every == 0:
             return DraftTree.empty()
         n = len(context)
-        k = min(len(self.rates), budget.max_nodes // self.branches)
+        n_nodes = budget.max_nodes - (self.requeued(context) if self.same_rows else 0)
+        k = min(len(self.rates), n_nodes)
         if self.diverged or self.truth[n - 1:n] != context[-1:]:  # a flip: another text
             if self.follow is None:
                 self.diverged = True
@@ -132,9 +140,30 @@ class SyntheticDrafter(Drafter):
                 second = depth == broken and self.rng.random() < self.conditional[depth]
                 tokens.append(right[depth] if second else self.wrong(right[depth], 2))
                 parents.append(chain_parent)
-                reach.append(0.0)
+                # reached where the chain came this far, broke here, and the second guess held
+                before = self.rates[depth - 1] if depth else 1.0
+                reach.append(before * (1.0 - self.conditional[depth]) * self.conditional[depth])
             chain_parent = chain_parent_next
-        return DraftTree(np.asarray(tokens, np.int32), np.asarray(parents, np.int32), np.asarray(reach))
+        self.last = n, best_nodes(tokens, parents, reach, n_nodes)
+        return self.last[1]
+
+    def requeued(self, context: list[int]) -> int:
+        """The last proposal's accepted nodes the cache dropped, to come back as pending rows:
+        those after the first node not accepted, in batch order."""
+        if self.last is None or self.last[0] > len(context):
+            return 0
+        path = self.last[1].path(context[self.last[0]:])[0]
+        return sum(1 for depth, node in enumerate(path) if node != depth)
+
+
+def best_nodes(tokens: list[int], parents: list[int], reach: list[float], n: int) -> DraftTree:
+    """The n nodes most likely to be reached, best first (a parent is at least as likely as its
+    child and comes first among equals: the kept nodes are a tree)."""
+    order = sorted(range(len(tokens)), key=lambda i: -reach[i])[:n]
+    place = {old: new for new, old in enumerate(order)}
+    return DraftTree(np.asarray([tokens[i] for i in order], np.int32),
+                     np.asarray([place[parents[i]] if parents[i] >= 0 else -1 for i in order], np.int32),
+                     np.asarray([reach[i] for i in order]))
 
 
 @dataclass
@@ -144,6 +173,7 @@ class Arm:
     name: str
     branches: int = 0       # 0: plain decoding
     idle_every: int = 0
+    nodes: int = 0          # draft nodes an iteration (0: K per branch)
     steps: list[tuple[int, float, float, float]] = field(default_factory=list)
     tokens: int = 0         # generated after each prompt's first token
     seconds: float = 0.0
@@ -171,10 +201,10 @@ class Arm:
 
 
 def arms(rates: Sequence[float], trees: bool = True) -> list[Arm]:
-    """Plain, a chain of K, a tree of 2K (`trees`: a target that verifies them) and a chain with
-    every third step plain."""
+    """Plain, a chain of K, a tree of 2K and the tree of K nodes likeliest of it, the chain's
+    rows (`trees`: a target that verifies them), and a chain with every third step plain."""
     k = len(rates)
-    tree = [Arm(f"tree 2×{k}", 2)] if trees else []
+    tree = [Arm(f"tree 2×{k}", 2), Arm(f"tree K={k}", 2, nodes=k)] if trees else []
     return [Arm("plain"), Arm(f"chain K={k}", 1)] + tree + [Arm(f"chain K={k}, every 3rd step plain", 1, 3)]
 
 
@@ -207,9 +237,10 @@ def run_synthetic(engine: Engine, prompts: list[list[int]], rates: Sequence[floa
         clock = DraftClock()  # the time taking up a flipped text took: the bench's, not the loop's
         if arm.branches:
             drafter = SyntheticDrafter(prompt + truth, rates, engine.model.n_vocab, arm.branches, arm.idle_every,
-                                       seed=seed + r, follow=follow)
+                                       seed=seed + r, follow=follow, same_rows=arm.nodes > 0)
             drafter.clock = clock
-            controller = Fixed(drafter, Budget(curve, ctx.n_paths, k * arm.branches, static=True, flat=ctx.flat), arm.name)
+            budget = Budget(curve, ctx.n_paths, arm.nodes or k * arm.branches, static=True, flat=ctx.flat)
+            controller = Fixed(drafter, budget, arm.name)
         else:
             controller = Plain()
         stats, out = Stats(), []
@@ -313,18 +344,22 @@ def report_llama(configs: list[LlamaArm], ours: list[Arm]) -> str:
     rows = ["llama.cpp's own loop at the same rates (llama-server, ngram-simple drafts, "
             "--spec-synth-rates; its output is not the model's):", "",
             "| arm | tokens/s | × its plain | iterations/s | tokens/iteration | draft tokens/iteration | "
-            "localspec's same arm, tokens/s | localspec / llama.cpp |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            "localspec's same arm, tokens/s | localspec / llama.cpp | localspec's tree of as many nodes / llama.cpp |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     same = {"plain": ours[0], "chain": ours[1]}
+    tree = next((a for a in ours if a.name.startswith("tree K=")), None)
+    ratio = lambda mine, theirs: f"{mine.tokens_per_s / theirs.tokens_per_s if theirs.tokens_per_s else 0:.2f}×"  # noqa: E731
     for a in configs:
         if a.failed:
-            rows.append(f"| {a.name} | failed: {a.failed} | | | | | | |")
+            rows.append(f"| {a.name} | failed: {a.failed} | | | | | | | |")
             continue
-        mine = same["chain" if "chain" in a.name else "plain"]
+        chain = "chain" in a.name
+        mine = same["chain" if chain else "plain"]
         rows.append(f"| {a.name} | {a.tokens_per_s:.1f} | "
                     f"{a.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else 0:.2f}× | "
                     f"{a.iterations_per_s:.1f} | {a.tokens / max(1, a.iterations):.2f} | "
-                    f"{a.drafted / max(1, a.iterations):.2f} | {mine.tokens_per_s:.1f} | "
-                    f"{mine.tokens_per_s / a.tokens_per_s if a.tokens_per_s else 0:.2f}× |")
+                    f"{a.drafted / max(1, a.iterations):.2f} | {mine.tokens_per_s:.1f} | {ratio(mine, a)} | "
+                    f"{ratio(tree, a) if chain and tree else '-'} |")
     return "\n".join(rows)
 
 
