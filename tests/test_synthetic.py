@@ -32,7 +32,8 @@ def test_synthetic_runs_are_plain_decodings_output_at_the_rates(small_path):
     """Certain acceptance (rates of 1) emits K + 1 tokens an iteration wherever the answer
     runs on; none (rates of 0) emits one. Every arm's output is plain decoding's (SmolLM2 on one
     thread, where batched rows reproduce single ones), the trees verify 2K nodes (the tree of K:
-    the chain's K + 1 rows) and the idle arm has plain steps among its drafted ones."""
+    the chain's K + 1 rows), the idle arm has plain steps among its drafted ones, and the arms
+    sized on the curve draft where it pays and nothing where it cannot."""
     engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=1, store="off", n_seq_max=5,
                                  curve=str(RECORDED_CURVE)))
     try:
@@ -43,12 +44,14 @@ def test_synthetic_runs_are_plain_decodings_output_at_the_rates(small_path):
         engine.close()
     for arm in sure + never:
         assert arm.identical == arm.runs == 1, arm.name
-    plain, chain, tree, tree_k, idle = sure
+    plain, chain, tree, tree_k, idle, sized_chain, sized_tree = sure
     assert chain.tokens / len(chain.steps) > 4.0 and max(s[0] for s in chain.steps) == 5
     assert 9 in {s[0] for s in tree.steps}  # the root and 2K nodes (later batches carry pending rows too)
     assert max(s[0] for s in tree_k.steps) == 5 and tree_k.tokens / len(tree_k.steps) > 4.0  # all K on the chain
     assert {s[0] for s in idle.steps} >= {1, 5}
     assert all(len(a.steps) == a.tokens for a in never)  # one token an iteration
+    assert sized_chain.tokens / len(sized_chain.steps) > 2.0  # sure drafts are worth rows on any curve
+    assert {s[0] for a in never[-2:] for s in a.steps} == {1}  # sized: nothing worth a row at rate 0
     assert "no-draft step inside a speculative run" in synthetic.report(sure, [1.0] * 4)
     saved = synthetic.to_json(sure, [1.0] * 4, [], {"workload": "test"})  # --json
     assert [c["name"] for c in saved["configs"]] == [a.name for a in sure] and saved["meta"]["rates"] == [1.0] * 4

@@ -174,6 +174,7 @@ class Arm:
     branches: int = 0       # 0: plain decoding
     idle_every: int = 0
     nodes: int = 0          # draft nodes an iteration (0: K per branch)
+    sized: bool = False     # sized on the cost curve by the nodes' chances, as localspec's drafters are
     steps: list[tuple[int, float, float, float]] = field(default_factory=list)
     tokens: int = 0         # generated after each prompt's first token
     seconds: float = 0.0
@@ -202,10 +203,12 @@ class Arm:
 
 def arms(rates: Sequence[float], trees: bool = True) -> list[Arm]:
     """Plain, a chain of K, a tree of 2K and the tree of K nodes likeliest of it, the chain's
-    rows (`trees`: a target that verifies them), and a chain with every third step plain."""
+    rows (`trees`: a target that verifies them), a chain with every third step plain, then the
+    chain and the tree as localspec runs a drafter: sized on the cost curve."""
     k = len(rates)
     tree = [Arm(f"tree 2×{k}", 2), Arm(f"tree K={k}", 2, nodes=k)] if trees else []
-    return [Arm("plain"), Arm(f"chain K={k}", 1)] + tree + [Arm(f"chain K={k}, every 3rd step plain", 1, 3)]
+    sized = [Arm(f"chain ≤{k}, sized", 1, sized=True)] + ([Arm(f"tree ≤2×{k}, sized", 2, sized=True)] if trees else [])
+    return [Arm("plain"), Arm(f"chain K={k}", 1)] + tree + [Arm(f"chain K={k}, every 3rd step plain", 1, 3)] + sized
 
 
 def run_synthetic(engine: Engine, prompts: list[list[int]], rates: Sequence[float], max_tokens: int,
@@ -239,7 +242,7 @@ def run_synthetic(engine: Engine, prompts: list[list[int]], rates: Sequence[floa
             drafter = SyntheticDrafter(prompt + truth, rates, engine.model.n_vocab, arm.branches, arm.idle_every,
                                        seed=seed + r, follow=follow, same_rows=arm.nodes > 0)
             drafter.clock = clock
-            budget = Budget(curve, ctx.n_paths, arm.nodes or k * arm.branches, static=True, flat=ctx.flat)
+            budget = Budget(curve, ctx.n_paths, arm.nodes or k * arm.branches, static=not arm.sized, flat=ctx.flat)
             controller = Fixed(drafter, budget, arm.name)
         else:
             controller = Plain()
@@ -344,10 +347,10 @@ def report_llama(configs: list[LlamaArm], ours: list[Arm]) -> str:
     rows = ["llama.cpp's own loop at the same rates (llama-server, ngram-simple drafts, "
             "--spec-synth-rates; its output is not the model's):", "",
             "| arm | tokens/s | × its plain | iterations/s | tokens/iteration | draft tokens/iteration | "
-            "localspec's same arm, tokens/s | localspec / llama.cpp | localspec's tree of as many nodes / llama.cpp |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "localspec's same arm, tokens/s | localspec / llama.cpp | localspec's other arms / llama.cpp |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     same = {"plain": ours[0], "chain": ours[1]}
-    tree = next((a for a in ours if a.name.startswith("tree K=")), None)
+    others = [a for a in ours[2:] if a.branches and not a.idle_every]  # the trees, and the sized arms
     ratio = lambda mine, theirs: f"{mine.tokens_per_s / theirs.tokens_per_s if theirs.tokens_per_s else 0:.2f}×"  # noqa: E731
     for a in configs:
         if a.failed:
@@ -359,7 +362,7 @@ def report_llama(configs: list[LlamaArm], ours: list[Arm]) -> str:
                     f"{a.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else 0:.2f}× | "
                     f"{a.iterations_per_s:.1f} | {a.tokens / max(1, a.iterations):.2f} | "
                     f"{a.drafted / max(1, a.iterations):.2f} | {mine.tokens_per_s:.1f} | {ratio(mine, a)} | "
-                    f"{ratio(tree, a) if chain and tree else '-'} |")
+                    + (", ".join(f"{o.name} {ratio(o, a)}" for o in others) if chain else "-") + " |")
     return "\n".join(rows)
 
 
@@ -392,7 +395,7 @@ def report(configs: list[Arm], rates: Sequence[float]) -> str:
         for batch, r in a.by_batch().items():
             rows.append(f"| {a.name} | {batch} | {r['iterations']} | {r['iteration_ms']:.3f} | {r['forward_ms']:.3f} | "
                         f"{r['host_ms']:.3f} |")
-    mixed = configs[-1]
+    mixed = next(a for a in configs if a.idle_every)
     step, plain_step = mixed.median_ms(1, 1), plain.median_ms(1, 1)
     if step and plain_step:
         rows += ["", f"a no-draft step inside a speculative run: {step:.3f} ms against plain's {plain_step:.3f} ms "
