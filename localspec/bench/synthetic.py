@@ -159,9 +159,10 @@ class SyntheticDrafter(Drafter):
 def best_nodes(tokens: list[int], parents: list[int], reach: list[float], n: int) -> DraftTree:
     """The n nodes most likely to be reached, best first (a parent is at least as likely as its
     child and comes first among equals: the kept nodes are a tree). The selection is
-    drafters.base.rerank's, but not its order by depth: best first, the chain's nodes come
-    before every second guess, so a text that follows the chain leaves no rejected cell
-    before an accepted one (verify.accept would send those back as pending rows)."""
+    drafters.base.rerank's, but not its order by depth: best first, the chain's likeliest
+    nodes come before any second guess, so the paths a text most often takes leave fewest
+    rejected cells before accepted ones (verify.accept sends nodes after such a hole back
+    as pending rows; by depth, a first-level second guess would sit before the whole chain)."""
     order = sorted(range(len(tokens)), key=lambda i: -reach[i])[:n]
     place = {old: new for new, old in enumerate(order)}
     return DraftTree(np.asarray([tokens[i] for i in order], np.int32),
