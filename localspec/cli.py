@@ -50,7 +50,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]", type=arg_type(rpc_endpoints), default=(),
                    help="spread the target's offloaded layers over these rpc-servers (localspec "
                         "rpc-server, or llama.cpp's of the same version); drafters stay here")
-    p.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto")
+    p.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto",
+                   help="flash attention (auto: off for a target on the CPU, where a batch's "
+                        "rows each walk the whole cache with it; else llama.cpp's choice)")
     p.add_argument("--strict", action="store_true",
                    help="greedy output bit-identical to plain decoding: use kernels whose batches "
                         "reproduce single tokens (slower verification)")

@@ -45,6 +45,7 @@ class EngineConfig:
     n_ctx: int = 4096
     threads: int = 0
     n_gpu_layers: int | None = None  # None: every layer that fits on this machine's GPUs
+    # "auto": off where the target runs on the CPU (cpu_flash_attn), else llama.cpp's choice.
     flash_attn: str = "auto"
     n_seq_max: int = 8     # root-to-leaf paths a draft tree may have
     # Tokens a recurrent target's state can be rolled back by (Model.recurrent; llama.cpp's
@@ -208,6 +209,18 @@ def load_model(cfg: EngineConfig, progress: Progress, loads: collections.Counter
     return model
 
 
+def cpu_flash_attn(cfg: EngineConfig) -> str:
+    """Flash attention for a target on the CPU: "auto" is off there. ggml's CPU flash attention
+    walks the whole cache once per row of a batch, where attention without it reads the cache
+    once for all rows as a matrix product: after 1,500 tokens a verification batch of 4-48 rows
+    cost 13-24% less without it, after 3,000 20-34%, a single token the same or less, prefill
+    the same (docs/benchmarks.md#flash-attention-off-on-the-cpu-issue-44-2026-12-04-session-47).
+    Its price is memory: the attention scores of a prompt chunk against the whole cache (at a
+    32k context, 0.5 GiB more for the 1.5B). --strict keeps llama.cpp's choice (flash attention
+    on), whose batches of up to 6 tokens reproduce single ones exactly."""
+    return "off" if cfg.flash_attn == "auto" and not cfg.strict else cfg.flash_attn
+
+
 class RequestLock:
     """One request at a time on an engine, which the cost curve's measurement takes turns with
     between requests (Planning gets the lock and idle()). An object of its own: what the
@@ -273,7 +286,8 @@ class Engine:
         # the architecture can, rolled back.
         recurrent = self.model.recurrent
         flat = recurrent and self.model.hybrid and not cfg.rollback and not cfg.strict and cfg.drafter.kind != "none"
-        config = ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads, flash_attn=cfg.flash_attn,
+        config = ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads,
+                               flash_attn=cpu_flash_attn(cfg) if not offloaded else cfg.flash_attn,
                                n_seq_max=cfg.n_seq_max + 1 if flat else 1 if recurrent else cfg.n_seq_max,
                                flat_trees=flat, kv_type="bf16" if cfg.strict else "f16",
                                embeddings=features, sample_on_device=on_device,
