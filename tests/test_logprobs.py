@@ -23,11 +23,13 @@ PROMPT = ("Copy the list.\nList: apple, pear, plum, fig, kiwi, lime, date, yam\n
           "List: red, blue, green, pink, gold, teal, gray, navy\nCopy:")  # copied, then repeated
 
 
-def single_token_logprobs(model, prompt: list[int], tokens: list[int], k: int, threads: int) -> list:
+def single_token_logprobs(model, prompt: list[int], tokens: list[int], k: int, threads: int,
+                          flash_attn: str = "auto") -> list:
     """Each token's log-probability from a fresh context fed one token at a time (numpy's own
-    log-softmax, not the engine's), with its k likeliest alternatives."""
+    log-softmax, not the engine's), with its k likeliest alternatives; `flash_attn` as the
+    context under test has it (the two kernels round differently)."""
     out = []
-    with Context(model, ContextConfig(n_ctx=1024, n_threads=threads)) as ctx:
+    with Context(model, ContextConfig(n_ctx=1024, n_threads=threads, flash_attn=flash_attn)) as ctx:
         _, last = ctx.prefill(prompt)
         for token in tokens:
             row = np.asarray(last, np.float64)
@@ -103,7 +105,8 @@ def test_a_hybrids_flattened_trees_give_each_token_its_own_rows_logprob(tmp_path
         tokens, lps, stats = generated(ctx, Fixed(drafter, budget, "tree"), prompt, sampling, 32)
         assert stats.draft_n_accepted > 5
         bound = 2 * engine.exactness()[0] + 1e-4
-        expected = single_token_logprobs(engine.model, prompt, tokens, 2, threads=2)
+        expected = single_token_logprobs(engine.model, prompt, tokens, 2, threads=2,
+                                         flash_attn=ctx.config.flash_attn)
         for lp, (_, want, _) in zip(lps, expected):
             assert abs(lp.logprob - want) <= bound
         spread = np.std([want for _, want, _ in expected])

@@ -36,7 +36,9 @@ import json, sys
 from localspec.drafters.spec import DrafterSpec
 from localspec.engine import Done, Engine, EngineConfig, Request
 rpc = tuple(sys.argv[2:])
-engine = Engine(EngineConfig(model=sys.argv[1], threads=1, rpc=rpc, n_ctx=1024, store="off", features=True))
+# flash attention asked for: off by default here, llama.cpp's choice over RPC (a remote GPU's)
+engine = Engine(EngineConfig(model=sys.argv[1], threads=1, rpc=rpc, n_ctx=1024, store="off", features=True,
+                             flash_attn="on"))
 out = {}
 for drafter in ("none", "lookup", "jakiro@2"):
     for p in %r:

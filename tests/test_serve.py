@@ -83,9 +83,10 @@ def serving(model, *args, threads: int = 1, ctx: int = 1024, env: dict | None = 
 
 @pytest.fixture(scope="module")
 def smol(small_path):
-    """SmolLM2 on one thread (batches of up to 12 rows bit-identical to single tokens: a short
-    speculative answer is plain output byte for byte), with its default drafter, auto."""
-    with serving(small_path) as (url, proc):
+    """SmolLM2 on one thread with flash attention on (batches of up to 12 rows bit-identical to
+    single tokens: a short speculative answer is plain output byte for byte; without it, the
+    default on a CPU, no batch is), with its default drafter, auto."""
+    with serving(small_path, "--flash-attn", "on") as (url, proc):
         yield url, proc
 
 
@@ -98,7 +99,8 @@ def coder(qwen_path):
 
 @pytest.fixture(scope="module")
 def reference(small_path):
-    engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=1, drafter=DrafterSpec("none")))
+    engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=1, flash_attn="on",
+                                 drafter=DrafterSpec("none")))
     yield engine
     engine.close()
 

@@ -31,11 +31,12 @@ def test_rates_as_llama_cpp_resolves_them():
 def test_synthetic_runs_are_plain_decodings_output_at_the_rates(small_path):
     """Certain acceptance (rates of 1) emits K + 1 tokens an iteration wherever the answer
     runs on; none (rates of 0) emits one. Every arm's output is plain decoding's (SmolLM2 on one
-    thread, where batched rows reproduce single ones), the trees verify 2K nodes (the tree of K:
-    the chain's K + 1 rows), the idle arm has plain steps among its drafted ones, and the arms
-    sized on the curve draft where it pays and nothing where it cannot."""
+    thread with flash attention on, where batched rows reproduce single ones), the trees verify
+    2K nodes (the tree of K: the chain's K + 1 rows), the idle arm has plain steps among its
+    drafted ones, and the arms sized on the curve draft where it pays and nothing where it
+    cannot."""
     engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=1, store="off", n_seq_max=5,
-                                 curve=str(RECORDED_CURVE)))
+                                 flash_attn="on", curve=str(RECORDED_CURVE)))
     try:
         prompt = engine.model.tokenize("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n")
         sure = synthetic.run_synthetic(engine, [prompt], [1.0] * 4, 40)
@@ -64,7 +65,7 @@ def test_the_background_curve_measurement_waits_for_the_synthetic_runs(small_pat
     not run its forwards beside theirs (it did: every figure of a first start was slowed)."""
     monkeypatch.setattr(planning, "REFINE_IDLE", 0.2)
     engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=1, store="off", n_seq_max=5,
-                                 refine_curve=True))
+                                 flash_attn="on", refine_curve=True))
     try:
         engine.prepare()  # a coarse curve: its whole measurement waits for the engine to idle
         prompt = engine.model.tokenize("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n")
@@ -118,7 +119,7 @@ def test_a_flipped_text_is_followed_at_the_same_rates(small_path):
 
     greedy = SamplingConfig(temperature=0)
     engine = Engine(EngineConfig(model=str(small_path), n_ctx=1024, threads=1, store="off", n_seq_max=5,
-                                 curve=str(RECORDED_CURVE)))
+                                 flash_attn="on", curve=str(RECORDED_CURVE)))
     follower = Context(engine.model, engine.ctx.config)
     try:
         ctx, curve = engine.ctx, engine.planning.prepare()
