@@ -209,16 +209,16 @@ def load_model(cfg: EngineConfig, progress: Progress, loads: collections.Counter
     return model
 
 
-def cpu_flash_attn(cfg: EngineConfig) -> str:
-    """Flash attention for a target on the CPU: "auto" is off there. ggml's CPU flash attention
-    walks the whole cache once per row of a batch, where attention without it reads the cache
-    once for all rows as a matrix product: after 1,500 tokens a verification batch of 4-48 rows
-    cost 13-24% less without it, after 3,000 20-34%, a single token the same or less, prefill
-    the same (docs/benchmarks.md#flash-attention-off-on-the-cpu-issue-44-2026-12-04-session-47).
+def cpu_flash_attn(cfg: EngineConfig, offloaded: bool = False) -> str:
+    """Flash attention for the target: "auto" is off where it runs on the CPU (not `offloaded`
+    to a GPU or over RPC, where llama.cpp chooses). ggml's CPU flash attention walks the whole
+    cache once per row of a batch, where attention without it reads the cache once for all rows
+    as a matrix product: after 1,500 tokens a verification batch of 4-48 rows cost 13-24% less
+    without it, after 3,000 20-34%, a single token the same or less, prefill the same (docs/benchmarks.md#flash-attention-off-on-the-cpu-issue-44-2026-12-04-session-47).
     Its price is memory: the attention scores of a prompt chunk against the whole cache (at a
     32k context, 0.5 GiB more for the 1.5B). --strict keeps llama.cpp's choice (flash attention
-    on), whose batches of up to 6 tokens reproduce single ones exactly."""
-    return "off" if cfg.flash_attn == "auto" and not cfg.strict else cfg.flash_attn
+    on), under which its batches up to the size the cost curve measures reproduce single ones."""
+    return "off" if cfg.flash_attn == "auto" and not cfg.strict and not offloaded else cfg.flash_attn
 
 
 class RequestLock:
@@ -287,7 +287,7 @@ class Engine:
         recurrent = self.model.recurrent
         flat = recurrent and self.model.hybrid and not cfg.rollback and not cfg.strict and cfg.drafter.kind != "none"
         config = ContextConfig(n_ctx=cfg.n_ctx, n_threads=cfg.threads,
-                               flash_attn=cpu_flash_attn(cfg) if not offloaded else cfg.flash_attn,
+                               flash_attn=cpu_flash_attn(cfg, offloaded),
                                n_seq_max=cfg.n_seq_max + 1 if flat else 1 if recurrent else cfg.n_seq_max,
                                flat_trees=flat, kv_type="bf16" if cfg.strict else "f16",
                                embeddings=features, sample_on_device=on_device,
