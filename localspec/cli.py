@@ -710,11 +710,13 @@ def parser() -> argparse.ArgumentParser:
                         "per-prompt medians and a 95%% interval of each speedup")
     b.add_argument("--anchor", action="append",
                    choices=["llama-cpp-python", "llama-server", "llama-server-ngram", "llama-server-plain",
-                            "llama-server-ngram-simple", "llama-server-ngram-mod", "llama-server-ngram-cache"],
+                            "llama-server-ngram-simple", "llama-server-ngram-mod", "llama-server-ngram-cache",
+                            "llama-server-plain-fa-off", "llama-server-ngram-mod-fa-off"],
                    help="repeatable: run other implementations in the same run (llama-server-ngram: "
                         "plain and its n-gram speculation: ngram-simple, ngram-mod, ngram-cache with its "
                         "dynamic cache warmed as the suffix store is; llama-server-plain, "
-                        "llama-server-ngram-mod, ...: one of those)")
+                        "llama-server-ngram-mod, ...: one of those; ...-fa-off: with its flash attention "
+                        "off, as localspec runs a target on the CPU)")
     b.add_argument("--json", help="write the results here")
     b.add_argument("--chart", help="write a PNG chart here")
     b.add_argument("--trace", help="write a PNG of Cascade's utility and chosen arm per iteration "

@@ -709,7 +709,8 @@ def test_an_engine_nothing_closes_is_freed_without_the_collector(small_path):
 
 def test_a_target_on_the_cpu_runs_without_flash_attention_unless_asked(small_path):
     """ggml's CPU flash attention walks the cache once per row of a batch, so the engine turns
-    it off for a target on the CPU (cpu_flash_attn); asked for it, or strict, it keeps it."""
+    it off for a target on the CPU (cpu_flash_attn); asked for it, or strict, it keeps it. A
+    draft model's context follows the target's choice."""
     from localspec.drafters.spec import DrafterSpec
     from localspec.engine import Engine, EngineConfig, cpu_flash_attn
 
@@ -718,5 +719,6 @@ def test_a_target_on_the_cpu_runs_without_flash_attention_unless_asked(small_pat
     engine = Engine(EngineConfig(model=str(small_path), threads=1, n_ctx=512, store="off", drafter=DrafterSpec("lookup")))
     try:
         assert engine.ctx.config.flash_attn == "off"
+        assert engine.drafters.draft_context(small_path).config.flash_attn == "off"
     finally:
         engine.close()

@@ -116,7 +116,9 @@ class Drafters:
             except LocalspecError:
                 model.close()
                 raise
-            self._draft_ctxs[path] = open_draft_context(model, self.n_ctx, self.threads)
+            # flash attention as the target has it (off on the CPU, where it walks the cache per row)
+            self._draft_ctxs[path] = open_draft_context(model, self.n_ctx, self.threads,
+                                                        self.targets[0].config.flash_attn)
         return self._draft_ctxs[path]
 
     def jakiro_runtime(self, spec: DrafterSpec) -> JakiroRuntime:
