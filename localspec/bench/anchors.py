@@ -68,15 +68,15 @@ SERVER_CONFIGS = {
     "llama-server ngram-simple": ["--spec-type", "ngram-simple"],
     "llama-server ngram-mod": ["--spec-type", "ngram-mod"],
     "llama-server ngram-cache": ["--spec-type", "ngram-cache"],
-    # Its flash attention off, as localspec runs a target on the CPU (engine.cpu_flash_attn):
-    # a later -fa wins over the "-fa on" every server starts with.
-    "llama-server plain-fa-off": ["-fa", "off"],
-    "llama-server ngram-mod-fa-off": ["--spec-type", "ngram-mod", "-fa", "off"],
 }
+# Its flash attention off, as localspec runs a target on the CPU (engine.cpu_flash_attn): a
+# later -fa wins over the "-fa on" every server starts with. Not in the "llama-server" group.
+FA_OFF = {f"{n}-fa-off": SERVER_CONFIGS[n] + ["-fa", "off"] for n in ("llama-server plain", "llama-server ngram-mod")}
 # Its n-gram speculation only (no draft model): what the suffix drafter is measured against.
 NGRAM_CONFIGS = ["llama-server plain", "llama-server ngram-simple", "llama-server ngram-mod",
                  "llama-server ngram-cache"]
-SERVER_GROUPS = {"llama-server": [n for n in SERVER_CONFIGS if "fa-off" not in n], "llama-server-ngram": NGRAM_CONFIGS}
+SERVER_GROUPS = {"llama-server": list(SERVER_CONFIGS), "llama-server-ngram": NGRAM_CONFIGS}
+SERVER_CONFIGS |= FA_OFF
 
 
 def one_config(anchor: str) -> str:
