@@ -87,3 +87,36 @@ def test_settings_screen(app, snap_compare):
 
 def test_delete_asks_first(app, snap_compare):
     assert snap_compare(app, run_before=loaded, press=["f8"], terminal_size=(110, 32))
+
+
+def test_code_is_coloured_by_the_language_its_block_names_never_by_a_guess():
+    """An answer streamed in small pieces, as the app shows one: the block that names Python is
+    coloured; the fenced and the indented blocks that name nothing stay plain (Textual would
+    have Pygments guess, a Tera Term macro for this Python function, on every update)."""
+    from textual.app import App
+    from textual.widgets.markdown import MarkdownFence
+    from tui.widgets import MessageView
+
+    code = "def add(a, b):\n    return a + b\n"
+    answer = f"Named:\n\n```python\n{code}```\n\nUnnamed:\n\n```\n{code}```\n\nIndented:\n\n    " + \
+        code.replace("\n", "\n    ")
+
+    class OneAnswer(App):
+        def compose(self):
+            yield MessageView("assistant")
+
+    async def go():
+        app = OneAnswer()
+        async with app.run_test() as pilot:
+            view = app.query_one(MessageView)
+            for i in range(0, len(answer), 5):
+                await view.append([(answer[i:i + 5], None)])
+                await pilot.pause()
+            streamed = [len(b._highlighted_code.spans) for b in app.query(MarkdownFence)]
+            await view.finish({}, stopped=False)
+            await pilot.pause()
+            return streamed, [len(b._highlighted_code.spans) for b in app.query(MarkdownFence)]
+
+    streamed, finished = asyncio.run(go())
+    for spans in (streamed, finished):
+        assert len(spans) == 3 and spans[0] > 1 and spans[1:] == [1, 1], spans
