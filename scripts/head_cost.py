@@ -9,6 +9,7 @@ forward); also what a drafter pays once an iteration to take in the target's sta
 was accepted, 3 tokens (EAGLE-3's fc layer and the pairs' decode; DFlash's injection).
 
     python scripts/head_cost.py TARGET.gguf [eagle3:FILE] [mtp:FILE] [dflash:FILE] [--threads 2] [--gpu-layers 99]
+        [--depth 256] [--flash-attn off|on]
 """
 
 import argparse
@@ -37,9 +38,11 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=256)
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--gpu-layers", type=int, default=0, help="the target's and drafters' layers on the GPU")
+    p.add_argument("--flash-attn", choices=["on", "off"], default="off",
+                   help="the target's and drafters' (off: as the engine runs a target on the CPU)")
     a = p.parse_args()
     target = Model(a.target, a.gpu_layers)
-    ctx = Context(target, ContextConfig(n_ctx=a.depth + 64, n_threads=a.threads))
+    ctx = Context(target, ContextConfig(n_ctx=a.depth + 64, n_threads=a.threads, flash_attn=a.flash_attn))
     rng = np.random.default_rng(0)
     context = [int(t) for t in rng.integers(100, 1000, a.depth)]
     ctx.prefill(context)
@@ -48,7 +51,8 @@ def main() -> None:
     for spec in a.drafters:
         kind, path = spec.split(":", 1)
         model = Model(path, a.gpu_layers, mtp=kind == "mtp")
-        head = HeadContext(model, ContextConfig(n_ctx=a.depth + 64, n_threads=a.threads, mtp=kind == "mtp"),
+        head = HeadContext(model, ContextConfig(n_ctx=a.depth + 64, n_threads=a.threads, mtp=kind == "mtp",
+                                                         flash_attn=a.flash_attn),
                            ctx, encode=kind == "eagle3", causal=kind != "dflash")
         width = {"eagle3": 3 * target.n_embd, "mtp": head.width,
                  "dflash": len(target_layers(model)) * target.n_embd}[kind]
@@ -92,7 +96,7 @@ def main() -> None:
             times.setdefault(name + " take-in of 3", []).append(timed(take_in(*h)))
     base = statistics.median(times["target forward"])
     print(f"{Path(a.target).name} ({_mb(a.target)} MB), {a.threads} threads, after {a.depth} tokens, "
-          f"median of {a.reps}:")
+          f"flash attention {a.flash_attn}, median of {a.reps}:")
     for name, ts in times.items():
         m = statistics.median(ts)
         print(f"  {name:60} {m * 1e3:8.2f} ms  {m / base:5.3f}x the target's forward")

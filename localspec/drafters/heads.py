@@ -67,8 +67,11 @@ def head_context(kind: str, target: Model, drafter: Model, targets: list[Context
         states = TargetStates(check_drafter(kind, target, drafter))
     for ctx in targets:
         states.stage(ctx)
+    # flash attention as the target (and a draft model) has it, so --flash-attn reaches every
+    # context of the engine; on this CPU a head's step costs the same either way after 3,000
+    # tokens (its output layer is most of it: docs/benchmarks.md, session 50)
     config = ContextConfig(n_ctx=n_ctx, n_threads=threads, n_seq_max=9, context_in_every_sequence=False,
-                           mtp=kind == "mtp")
+                           mtp=kind == "mtp", flash_attn=targets[0].config.flash_attn)
     return HeadContext(drafter, config, targets[0], encode=kind == "eagle3", causal=kind != "dflash"), states
 
 
