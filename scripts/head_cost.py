@@ -9,7 +9,7 @@ forward); also what a drafter pays once an iteration to take in the target's sta
 was accepted, 3 tokens (EAGLE-3's fc layer and the pairs' decode; DFlash's injection).
 
     python scripts/head_cost.py TARGET.gguf [eagle3:FILE] [mtp:FILE] [dflash:FILE] [--threads 2] [--gpu-layers 99]
-        [--depth 256] [--flash-attn off|on]
+        [--depth 256] [--flash-attn auto|on|off]
 """
 
 import argparse
@@ -38,9 +38,11 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=256)
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--gpu-layers", type=int, default=0, help="the target's and drafters' layers on the GPU")
-    p.add_argument("--flash-attn", choices=["on", "off"], default="off",
-                   help="the target's and drafters' (off: as the engine runs a target on the CPU)")
+    p.add_argument("--flash-attn", choices=["auto", "on", "off"],
+                   help="the target's and drafters' (default: as the engine runs them, off on the CPU, "
+                        "llama.cpp's choice with layers on a GPU)")
     a = p.parse_args()
+    a.flash_attn = a.flash_attn or ("off" if a.gpu_layers == 0 else "auto")
     target = Model(a.target, a.gpu_layers)
     ctx = Context(target, ContextConfig(n_ctx=a.depth + 64, n_threads=a.threads, flash_attn=a.flash_attn))
     rng = np.random.default_rng(0)
@@ -51,9 +53,8 @@ def main() -> None:
     for spec in a.drafters:
         kind, path = spec.split(":", 1)
         model = Model(path, a.gpu_layers, mtp=kind == "mtp")
-        head = HeadContext(model, ContextConfig(n_ctx=a.depth + 64, n_threads=a.threads, mtp=kind == "mtp",
-                                                         flash_attn=a.flash_attn),
-                           ctx, encode=kind == "eagle3", causal=kind != "dflash")
+        config = ContextConfig(n_ctx=a.depth + 64, n_threads=a.threads, mtp=kind == "mtp", flash_attn=a.flash_attn)
+        head = HeadContext(model, config, ctx, encode=kind == "eagle3", causal=kind != "dflash")
         width = {"eagle3": 3 * target.n_embd, "mtp": head.width,
                  "dflash": len(target_layers(model)) * target.n_embd}[kind]
         for p_ in range(a.depth - 1):  # the context's states, drawn at random
