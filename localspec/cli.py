@@ -569,7 +569,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
             "seed": sampling.seed, "discrepancy": engine.exactness()[0],
             "projected_on": a.curve or None, "drafts_priced_on": a.draft_curve or None,
             "rows_read_on": "device" if engine.ctx.config.sample_on_device else "host", "argv": sys.argv[1:],
-            "interrupted": interrupted, "prompts_finished": done}
+            "interrupted": interrupted, "prompts_finished": done, "prompts": [p.id for p in prompts]}
     if cfg.json_out:
         report.write_json(configs, meta, Path(cfg.json_out), projected_on)
     if cfg.chart:

@@ -197,6 +197,9 @@ def test_bench_repeat_and_a_session_workload_from_the_command_line(small_path, t
     assert result["meta"]["repeat"] == 2 and result["configs"][1]["speedup_95"] is not None
     assert sum(n for by in result["configs"][1]["forward_ms_by_streak"].values() for _, n in by.values()) > 0
     assert "median of 2" in r.stdout
+    turns = result["configs"][1]["runs"]  # a session's turns in order, each with its own time
+    assert len(turns) == len(result["configs"][0]["runs"]) >= 2 and all(t["seconds"] > 0 for t in turns)
+    assert len(result["meta"]["prompts"]) == 1
     assert result["meta"]["copy_ceiling"] >= 1.0 and "copy ceiling:" in r.stdout
     bad = localspec("bench", "-m", str(small_path), "--repeat", "0")
     assert bad.returncode == 1 and "--repeat" in bad.stderr

@@ -99,7 +99,11 @@ def to_json(configs: list[Config], meta: dict, projected_on=None) -> dict:
         "forward_share": c.forward_share,
         "identical": sum(1 for r in c.ok_runs if r.identical),
         "ties": sum(1 for r in c.ok_runs if r.tie), "n": len(c.runs), "ran": c.ran,
-        "failed": [r.failed for r in c.runs if r.failed]} for i, c in enumerate(configs)]}
+        "failed": [r.failed for r in c.runs if r.failed],
+        # turn by turn (a prompt's median run; a session's turns in order): where one wins
+        "runs": [{"tokens": r.n_timed, "seconds": r.seconds, "forwards": r.forwards, "drafted": r.drafted,
+                  "accepted": r.accepted, "identical": r.identical, "failed": r.failed} for r in c.runs],
+        } for i, c in enumerate(configs)]}
 
 
 def write_json(configs: list[Config], meta: dict, path: Path, projected_on=None) -> None:
