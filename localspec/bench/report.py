@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.bench.runner import Config
+from localspec.bench.runner import Config, Run
 
 
 def _speedup(cfg: Config, base: float) -> float:
@@ -100,10 +100,14 @@ def to_json(configs: list[Config], meta: dict, projected_on=None) -> dict:
         "identical": sum(1 for r in c.ok_runs if r.identical),
         "ties": sum(1 for r in c.ok_runs if r.tie), "n": len(c.runs), "ran": c.ran,
         "failed": [r.failed for r in c.runs if r.failed],
-        # turn by turn (a prompt's median run; a session's turns in order): where one wins
-        "runs": [{"tokens": r.n_timed, "seconds": r.seconds, "forwards": r.forwards, "drafted": r.drafted,
-                  "accepted": r.accepted, "identical": r.identical, "failed": r.failed} for r in c.runs],
-        } for i, c in enumerate(configs)]}
+        "runs": [_turn(r) for r in c.runs]} for i, c in enumerate(configs)]}
+
+
+def _turn(r: Run) -> dict:
+    """One turn's run (a prompt's median one; a session's turns in order), so that a table's
+    ratio can be traced to the turns that make it."""
+    return {"tokens": r.n_timed, "seconds": r.seconds, "forwards": r.forwards, "drafted": r.drafted,
+            "accepted": r.accepted, "identical": r.identical, "failed": r.failed}
 
 
 def write_json(configs: list[Config], meta: dict, path: Path, projected_on=None) -> None:
