@@ -64,6 +64,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="batch sizes verification pads to, so llama.cpp (and CUDA) reuse a graph: "
                         "auto (the default: on a GPU, powers of two that the cost curve finds "
                         "worth a shape of their own; none on the CPU), off, or sizes (1,2,4,8,16)")
+    p.add_argument("--full-head", action="store_true",
+                   help="on the CPU, take greedy's argmax from llama.cpp's whole output layer instead "
+                        "of the exact head (a 4-bit copy and the few rows that could beat it computed "
+                        "exactly: the same tokens, sooner); for comparisons")
     p.add_argument("--sample-on", "--argmax", dest="sample_on", choices=["auto", "device", "host"], default="auto",
                    help="where acceptance reads each verified row: inside the target's graph (device: "
                         "greedy's argmax, a token id, or top-k's candidates come back; full rows where "
@@ -171,7 +175,7 @@ def engine_config(a: argparse.Namespace, drafters: list[DrafterSpec]):
                         flat_cost=a.flat_cost, curve=a.curve, drafter=default,
                         sample_on_device={"auto": None, "device": True, "host": False}[a.sample_on], shapes=a.shapes,
                         features=any(d.uses_features for d in drafters) or None, rpc=a.rpc,
-                        rollback=a.rollback)
+                        rollback=a.rollback, exact_head=not a.full_head)
 
 
 def pulled_config(a: argparse.Namespace, drafters: list[DrafterSpec]):

@@ -81,6 +81,11 @@ class EngineConfig:
     # spares copying rows off the device; on the CPU the graph's sampler costs more than it
     # spares (it pads the logits, a slow copy: 0.9% of a 1.5B's step, docs/benchmarks.md).
     sample_on_device: bool | None = None
+    # On the CPU, greedy requests read their rows' argmax from an exact head (native/head.h:
+    # the output layer's argmax from a 4-bit copy of its matrix and the few rows that could
+    # beat it computed exactly; the same tokens, 7% of a 1.5B's plain step spared). False:
+    # llama.cpp's full output layer (--full-head). --strict keeps it.
+    exact_head: bool = True
     # The sizes verification batches are padded up to (ContextConfig.shapes). None: where the
     # target's layers are offloaded (a GPU or RPC), powers of two, less those that cost about
     # what the next does on the cost curve; on the CPU none (a padded row costs as much there
@@ -291,6 +296,7 @@ class Engine:
                                n_seq_max=cfg.n_seq_max + 1 if flat else 1 if recurrent else cfg.n_seq_max,
                                flat_trees=flat, kv_type="bf16" if cfg.strict else "f16",
                                embeddings=features, sample_on_device=on_device,
+                               exact_head=cfg.exact_head and not cfg.strict and not offloaded,
                                shapes=() if recurrent else shapes,
                                # a recurrent padding row would need a state of its own; strict
                                # keeps its batches' shapes

@@ -234,7 +234,10 @@ def begin(ctx: Context, controller: Controller, prompt: list[int],
     for d in controller.drafters:
         d.begin(prompt, sampling)
     controller.begin()
-    ctx.sample_on_device(device_sampling(sampling) if ctx.config.sample_on_device else None)
+    on_device = device_sampling(sampling)
+    if not ctx.config.sample_on_device:  # on the CPU, greedy's argmax from the exact head where there is one
+        on_device = 0 if on_device == 0 and ctx.exact_head else None
+    ctx.sample_on_device(on_device)
     return TokenSampler(sampling, prompt), [d for d in controller.drafters if d.feature_window]
 
 

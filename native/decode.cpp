@@ -1,5 +1,7 @@
 #include "decode.h"
 
+#include "head.h"
+
 #include <vector>
 
 namespace ls {
@@ -21,6 +23,7 @@ int32_t decode(llama_context * ctx, int32_t n_tokens, const int32_t * tokens, co
     batch.n_seq_id = n_seq.data();
     batch.seq_id   = seq.data();
     batch.logits   = const_cast<int8_t *>(outputs);
+    if (head_hook * head = head_hook::of(ctx)) head->begin(n_tokens, outputs);
     return llama_decode(ctx, batch);
 }
 

@@ -10,6 +10,7 @@
 
 #include "acceptance.h"
 #include "decode.h"
+#include "head.h"
 #include "jakiro.h"
 #include "jakiro_tree.h"
 #include "ngram.h"
@@ -290,6 +291,46 @@ NB_MODULE(_native, m) {
              }, "ctx"_a, "top_k"_a = 0)
         .def("detach", &ls::sampler_on_device::detach)
         .def_prop_ro("attached", &ls::sampler_on_device::attached);
+    nb::class_<ls::exact_head>(m, "ExactHead")
+        .def("__init__", [](ls::exact_head * self, uintptr_t weights, int32_t type, int64_t n_embd, int64_t n_vocab,
+                            int32_t n_threads) {
+                 try {
+                     nb::gil_scoped_release release;
+                     new (self) ls::exact_head(reinterpret_cast<const uint8_t *>(weights), ggml_type(type), n_embd,
+                                               n_vocab, n_threads);
+                 } catch (const std::invalid_argument & e) {
+                     throw nb::value_error(e.what());
+                 }
+             }, "weights"_a, "type"_a, "n_embd"_a, "n_vocab"_a, "n_threads"_a,
+             "The output layer's argmax without its full matmul (native/head.h); `weights`: the\n"
+             "address of its matrix as the GGUF stores it, kept mapped by the caller.")
+        .def("argmax",
+             [](ls::exact_head & h, rows_in hidden) {
+                 if (hidden.shape(1) != size_t(h.n_embd())) throw nb::value_error("argmax: rows of another width");
+                 std::vector<int32_t> out(hidden.shape(0));
+                 nb::gil_scoped_release release;
+                 h.argmax(hidden.data(), int64_t(hidden.shape(0)), out.data());
+                 return out;
+             }, "hidden"_a, "Each row's argmax (-1: not a finite row).")
+        .def_ro("full_ms", &ls::exact_head::full_ms)
+        .def_ro("approx_ms", &ls::exact_head::approx_ms)
+        .def_ro("rows", &ls::exact_head::rows)
+        .def_ro("rescored", &ls::exact_head::rescored)
+        .def_prop_ro("extra_bytes", &ls::exact_head::extra_bytes);
+    nb::class_<ls::head_hook>(m, "HeadHook")
+        .def(nb::init<ls::exact_head &>(), "head"_a, nb::keep_alive<1, 2>())
+        .def_prop_ro_static("callback", [](nb::handle) { return reinterpret_cast<uintptr_t>(&ls::head_hook::eval); },
+                            "The address of llama.cpp's eval callback (a context's cb_eval).")
+        .def_prop_ro("address", [](ls::head_hook & h) { return reinterpret_cast<uintptr_t>(&h); },
+                     "This hook's address (the context's cb_eval_user_data).")
+        .def("bind",
+             [](ls::head_hook & h, uintptr_t ctx) {
+                 nb::gil_scoped_release release;
+                 return h.bind(reinterpret_cast<llama_context *>(ctx));
+             }, "ctx"_a, "Check the head against llama.cpp's logits on a few rows, then serve this context.")
+        .def("unbind", &ls::head_hook::unbind)
+        .def("detach", [](ls::head_hook & h) { h.on = false; }, "The rows' logits come back again.")
+        .def_rw("on", &ls::head_hook::on);
     m.def(
         "sampled_candidates",
         [](uintptr_t ctx, int32_t row) {

@@ -1,5 +1,7 @@
 #include "step.h"
 
+#include "head.h"
+
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -273,7 +275,18 @@ int32_t device_candidates(llama_context * ctx, int32_t row, const int32_t ** ids
     return n;
 }
 
-device_token_reader read_device_token = llama_get_sampled_token_ith;
+namespace {
+
+// A row's argmax from the CPU's exact head where one is on (head.h), else from llama.cpp's
+// sampler in the graph.
+llama_token sampled_token(llama_context * ctx, int32_t row) {
+    if (const head_hook * head = head_hook::of(ctx)) return head->token(row);
+    return llama_get_sampled_token_ith(ctx, row);
+}
+
+}  // namespace
+
+device_token_reader read_device_token = sampled_token;
 
 llama_token device_token(llama_context * ctx, int32_t row) {
     const llama_token t = read_device_token(ctx, row);

@@ -48,6 +48,9 @@ class ContextConfig:
     chunk: int = 128           # prompts are decoded in chunks starting at multiples of this (docs/benchmarks.md#prompts-in-chunks: 64 costs 9% of prefill speed, 128 1%)
     # Requests that can read their rows' argmax or top-k from the graph do (sample_on_device).
     sample_on_device: bool = False
+    # Greedy requests read their rows' argmax from the model's exact head (native/head.h: the
+    # output layer's argmax on the CPU without its full matmul), where the model has one.
+    exact_head: bool = False
     # Verification batches are padded up to the next of these sizes (rows nobody reads, in a
     # sequence of their own), so consecutive iterations keep their shape and llama.cpp (and
     # CUDA its captured graph) reuse the last graph; (): batches as they come (see launch).
@@ -107,11 +110,22 @@ class Context:
         params = context_params(config)
         if beside is not None:
             params.ctx_other = beside.ptr
+        # The exact head stops each forward at the output layer's input: llama.cpp's eval
+        # callback, set now or never.
+        head = model.exact_head(params.n_threads) if config.exact_head else None
+        self._head = _native.HeadHook(head) if head is not None else None
+        if self._head is not None:
+            params.cb_eval = ctypes.cast(self._head.callback, type(params.cb_eval))
+            params.cb_eval_user_data = self._head.address
         ptr = ll.llama_init_from_model(model.ptr, params)
         if not ptr:
             raise LocalspecError(f"cannot create a llama.cpp context for {model.path} "
                                  f"(n_ctx={config.n_ctx}, n_seq_max={config.n_seq_max})")
         self.ptr = ptr
+        if self._head is not None and not self._head.bind(ptr):  # its logits are not the head's
+            self._head.on = False
+            self._head_off = self._head  # (llama.cpp still calls it: kept alive, idle)
+            self._head = None
         rpc.keepalive(model.rpc)  # the context's buffers may have opened connections
         self.n_ctx = ll.llama_n_ctx(ptr)
         self.mem = ll.llama_get_memory(ptr)
@@ -153,6 +167,8 @@ class Context:
         if self._device is not None:
             self._device.detach()
             self._device = None
+        if self._head is not None:
+            self._head.unbind()
         if self.ptr:
             ll.llama_free(self.ptr)
             self.ptr = None
@@ -208,12 +224,20 @@ class Context:
         if self._device is not None:
             self._device.detach()
             self._device = None
-        if top_k is not None:
+        if top_k == 0 and self._head is not None:
+            self._head.on = True
+            self._device, self._device_top_k = self._head, 0
+        elif top_k is not None:
             try:
                 self._device, self._device_top_k = _native.SamplerOnDevice(self.ptr, top_k), top_k
             except ValueError:  # a backend that cannot (llama.cpp said why in its log)
                 pass
         self._last = None  # a prompt's last row read in the other mode
+
+    @property
+    def exact_head(self) -> bool:
+        """Whether greedy rows can be read from the model's exact head (ContextConfig.exact_head)."""
+        return self._head is not None
 
     @property
     def rows_from(self) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 import llama_cpp as ll
+import numpy as np
 
 from localspec import _native
 from localspec.errors import LocalspecError
@@ -20,6 +21,8 @@ from localspec.llama import gguf
 from localspec.llama import rpc as rpc_module
 
 GGUF_MAGIC = b"GGUF"
+# The exact head is used where its row takes at most this share of the full output layer's.
+HEAD_PAYS = 0.85
 
 # llama.cpp logs through one process-wide callback; keep its recent errors so a failed load
 # can say why in one line, and pass lines on to whoever listens (LOCALSPEC_VERBOSE: stderr).
@@ -139,11 +142,44 @@ class Model:
         )
         self._piece_cache: dict[int, bytes] = {}
         self._eog = frozenset(_native.eog_tokens(ptr))  # asked of every token generated
+        self._head: tuple[_native.ExactHead | None, str] | None = None  # see exact_head()
 
     def close(self) -> None:
         if self.ptr:
             ll.llama_model_free(self.ptr)
             self.ptr = None
+
+    def exact_head(self, threads: int) -> _native.ExactHead | None:
+        """Greedy's argmax without the output layer's full matmul (native/head.h), built
+        once: where the output layer runs on this CPU from a matrix of its own in the GGUF,
+        of a type the head reproduces exactly, and where its 4-bit copy runs in HEAD_PAYS of
+        the full layer's time or less (measured as it is built). None otherwise; `head_note` says why."""
+        if self._head is None:
+            self._head = self._build_head(threads)
+        return self._head[0]
+
+    @property
+    def head_note(self) -> str:
+        return self._head[1] if self._head else "not asked for"
+
+    def _build_head(self, threads: int) -> tuple[_native.ExactHead | None, str]:
+        if self.n_gpu_layers > 0 or self.rpc or rpc_module.connected():
+            return None, "the output layer may run off this CPU"
+        if self.recurrent:  # (llama.cpp may reorder a recurrent model's outputs)
+            return None, "a recurrent model"
+        header = gguf.read_header(self.path)
+        out = next((t for t in header.tensors if t.name == "output.weight"), None)
+        if out is None or out.shape != (self.n_embd, self.n_vocab):
+            return None, "no output matrix of its own"
+        self._weights = np.memmap(self.path, mode="r")  # the head reads its rows from here
+        try:
+            head = _native.ExactHead(self._weights.ctypes.data + header.data_start + out.offset, out.type,
+                                     self.n_embd, self.n_vocab, threads)
+        except ValueError as e:
+            return None, str(e)
+        if head.approx_ms > HEAD_PAYS * head.full_ms:
+            return None, f"its copy would not pay ({head.approx_ms:.2f} ms a row against {head.full_ms:.2f})"
+        return head, f"exact head: {head.approx_ms:.2f} ms a row against {head.full_ms:.2f}, {head.extra_bytes / 1e6:.0f} MB"
 
     def __enter__(self) -> Model:
         return self

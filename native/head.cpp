@@ -1,0 +1,380 @@
+#include "head.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <unordered_map>
+
+#include "ggml-cpu.h"
+#include "sampling.h"
+
+namespace ls {
+
+namespace {
+
+constexpr ggml_type COPY_TYPE = GGML_TYPE_Q4_0;
+
+// Run f(first, last) over [0, n) in n_threads pieces.
+template <typename F> void in_parallel(int64_t n, int32_t n_threads, F f) {
+    std::vector<std::thread> threads;
+    const int64_t step = (n + n_threads - 1) / n_threads;
+    for (int64_t a = step; a < n; a += step) threads.emplace_back(f, a, std::min(n, a + step));
+    f(int64_t(0), std::min(n, step));
+    for (auto & t : threads) t.join();
+}
+
+// x as a vec_dot type quantizes it, dequantized: ggml's Q8_K has no to_float of its own.
+struct block_q8_K { float d; int8_t qs[256]; int16_t bsums[16]; };  // ggml-common.h's
+
+void dequantized(ggml_type type, const uint8_t * q, int64_t n, float * out) {
+    if (type != GGML_TYPE_Q8_K) {
+        ggml_get_type_traits(type)->to_float(q, out, n);
+        return;
+    }
+    const auto * blocks = reinterpret_cast<const block_q8_K *>(q);
+    for (int64_t i = 0; i < n; ++i) out[i] = blocks[i / 256].d * blocks[i / 256].qs[i % 256];
+}
+
+// How far a Q8_0 quantization of x other than ggml_quantize's could land: both round x / d to
+// the nearest integer (d = the block's largest magnitude / 127), and only a value halfway
+// between two integers may go either way, by one step d.
+double halfway_radius(const float * x, int64_t n) {
+    double sum = 0.0;
+    for (int64_t b = 0; b + 32 <= n; b += 32) {
+        float amax = 0.0f;
+        for (int64_t i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+        const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        for (int64_t i = b; i < b + 32; ++i) {
+            const float v = x[i] * id;
+            if (std::fabs(v - std::floor(v) - 0.5f) < 1e-3f) sum += 1.002 * double(d) * d;
+        }
+    }
+    return std::sqrt(sum);
+}
+
+double distance(const float * a, const float * b, int64_t n) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    return std::sqrt(sum);
+}
+
+double since_ms(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// ggml's CPU buffer type that repacks a Q4_0 matrix for this CPU's wide kernels, if any
+// takes a matmul of `w` (as llama.cpp picks a weight's buffer type).
+ggml_backend_buffer_type_t repacked_type(ggml_backend_t backend, ggml_tensor * w, ggml_context * ctx) {
+    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
+    auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(
+        ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts");
+    if (!get_extra) return nullptr;
+    ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 1);
+    ggml_tensor * op = ggml_mul_mat(ctx, w, x);
+    for (ggml_backend_buffer_type_t * t = get_extra(dev); t && *t; ++t) {
+        ggml_backend_buffer_t probe = ggml_backend_buft_alloc_buffer(*t, 0);
+        w->buffer = probe;
+        const bool ok = ggml_backend_dev_supports_op(dev, op);
+        w->buffer = nullptr;
+        ggml_backend_buffer_free(probe);
+        if (ok) return *t;
+    }
+    return nullptr;
+}
+
+}  // namespace
+
+exact_head::exact_head(const uint8_t * weights, ggml_type type, int64_t n_embd, int64_t n_vocab, int32_t n_threads)
+    : weights_(weights), type_(type), n_embd_(n_embd), n_vocab_(n_vocab) {
+    const auto * cpu = ggml_get_type_traits_cpu(type);
+    const auto * traits = ggml_get_type_traits(type);
+    dot_type_ = cpu->vec_dot_type;
+    if (!cpu->vec_dot || cpu->nrows != 1 || !traits->to_float ||
+        (dot_type_ != GGML_TYPE_Q8_K && dot_type_ != GGML_TYPE_Q8_0) || type == COPY_TYPE) {
+        throw std::invalid_argument(std::string("no exact head for an output layer of type ") + ggml_type_name(type));
+    }
+    if (n_embd % ggml_blck_size(dot_type_) || n_embd % ggml_blck_size(COPY_TYPE) || n_vocab <= 0) {
+        throw std::invalid_argument("no exact head for rows of this width");
+    }
+    row_bytes_ = ggml_row_size(type, n_embd);
+    n_threads = std::max(1, n_threads);
+    backend_ = ggml_backend_cpu_init();
+    ggml_backend_cpu_set_n_threads(backend_, n_threads);
+    weight_ctx_ = ggml_init({ggml_tensor_overhead() * 4, nullptr, true});
+    copy_ = ggml_new_tensor_2d(weight_ctx_, COPY_TYPE, n_embd, n_vocab);
+    ggml_backend_buffer_type_t buft = repacked_type(backend_, copy_, weight_ctx_);
+    if (!buft) {
+        release();
+        throw std::invalid_argument("no repacked 4-bit matmul on this CPU: the head would not pay");
+    }
+
+    // The copy, and each row's norm and distance from it, in double.
+    const size_t copy_row = ggml_row_size(COPY_TYPE, n_embd);
+    std::vector<uint8_t> copy(copy_row * n_vocab);
+    norm_.resize(n_vocab);
+    err_.resize(n_vocab);
+    const auto to_float = traits->to_float, copy_to_float = ggml_get_type_traits(COPY_TYPE)->to_float;
+    in_parallel(n_vocab, n_threads, [&](int64_t first, int64_t last) {
+        std::vector<float> w(n_embd), a(n_embd);
+        for (int64_t i = first; i < last; ++i) {
+            to_float(weights + i * row_bytes_, w.data(), n_embd);
+            ggml_quantize_chunk(COPY_TYPE, w.data(), copy.data() + i * copy_row, 0, 1, n_embd, nullptr);
+            copy_to_float(copy.data() + i * copy_row, a.data(), n_embd);
+            double nw = 0.0, ne = 0.0;
+            for (int64_t k = 0; k < n_embd; ++k) {
+                nw += double(w[k]) * w[k];
+                ne += (double(w[k]) - a[k]) * (double(w[k]) - a[k]);
+            }
+            // rounded up, so the bound stays one
+            norm_[i] = float(std::sqrt(nw) * (1.0 + 1e-6));
+            err_[i] = float(std::sqrt(ne) * (1.0 + 1e-6));
+        }
+    });
+    weight_buf_ = ggml_backend_alloc_ctx_tensors_from_buft(weight_ctx_, buft);
+    ggml_backend_tensor_set(copy_, copy.data(), 0, copy.size());  // repacks it
+    copy = {};
+    quantized_.resize(ggml_row_size(dot_type_, n_embd));
+
+    // What one row costs each way: llama.cpp's matmul over the file's matrix, and this head on
+    // a row whose argmax is clear (a vocabulary row itself, scaled as hidden states are).
+    std::vector<float> h(n_embd);
+    to_float(weights + (n_vocab / 2) * row_bytes_, h.data(), n_embd);
+    const float scale = 10.0f / std::max(1e-6f, norm_[n_vocab / 2]);
+    for (float & x : h) x *= scale * std::sqrt(float(n_embd));
+    ggml_context * ctx = ggml_init({ggml_tensor_overhead() * 4 + ggml_graph_overhead(), nullptr, true});
+    ggml_tensor * w = ggml_new_tensor_2d(ctx, type, n_embd, n_vocab);
+    ggml_backend_buffer_t wb = ggml_backend_cpu_buffer_from_ptr(const_cast<uint8_t *>(weights), row_bytes_ * n_vocab);
+    ggml_backend_tensor_alloc(wb, w, const_cast<uint8_t *>(weights));
+    ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_embd, 1);
+    ggml_tensor * y = ggml_mul_mat(ctx, w, x);
+    ggml_backend_buffer_t iob = ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(),
+                                                               (n_embd + n_vocab) * sizeof(float));
+    float * io = static_cast<float *>(ggml_backend_buffer_get_base(iob));
+    ggml_backend_tensor_alloc(iob, x, io);
+    ggml_backend_tensor_alloc(iob, y, io + n_embd);
+    std::memcpy(io, h.data(), n_embd * sizeof(float));
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, y);
+    full_ms = approx_ms = 1e30;
+    int32_t token = 0;
+    for (int rep = 0; rep < 4; ++rep) {
+        auto t0 = std::chrono::steady_clock::now();
+        ggml_backend_graph_compute(backend_, gf);
+        full_ms = std::min(full_ms, since_ms(t0));
+        t0 = std::chrono::steady_clock::now();
+        argmax(h.data(), 1, &token);
+        approx_ms = std::min(approx_ms, since_ms(t0));
+    }
+    rows = rescored = 0;
+    ggml_backend_buffer_free(iob);
+    ggml_backend_buffer_free(wb);
+    ggml_free(ctx);
+}
+
+exact_head::~exact_head() { release(); }
+
+void exact_head::release() {
+    if (graph_buf_) ggml_backend_buffer_free(graph_buf_);
+    if (graph_ctx_) ggml_free(graph_ctx_);
+    if (weight_buf_) ggml_backend_buffer_free(weight_buf_);
+    if (weight_ctx_) ggml_free(weight_ctx_);
+    if (backend_) ggml_backend_free(backend_);
+    graph_buf_ = weight_buf_ = nullptr;
+    graph_ctx_ = weight_ctx_ = nullptr;
+    backend_ = nullptr;
+}
+
+size_t exact_head::extra_bytes() const {
+    return ggml_nbytes(copy_) + (norm_.size() + err_.size()) * sizeof(float);
+}
+
+void exact_head::approx_logits(const float * hidden, int64_t n) {
+    if (n > cap_) {  // the output and input rows live in one buffer, grown as needed
+        if (graph_buf_) ggml_backend_buffer_free(graph_buf_);
+        cap_ = std::max<int64_t>(n, 2 * cap_);
+        graph_buf_ = ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(),
+                                                    (n_embd_ + n_vocab_) * cap_ * sizeof(float));
+        logits_ = static_cast<float *>(ggml_backend_buffer_get_base(graph_buf_));
+    }
+    if (!graph_ctx_) graph_ctx_ = ggml_init({ggml_tensor_overhead() * 4 + ggml_graph_overhead(), nullptr, true});
+    ggml_reset(graph_ctx_);
+    float * in = logits_ + n_vocab_ * cap_;
+    std::memcpy(in, hidden, n * n_embd_ * sizeof(float));
+    ggml_tensor * x = ggml_new_tensor_2d(graph_ctx_, GGML_TYPE_F32, n_embd_, n);
+    ggml_tensor * y = ggml_mul_mat(graph_ctx_, copy_, x);
+    ggml_backend_tensor_alloc(graph_buf_, x, in);
+    ggml_backend_tensor_alloc(graph_buf_, y, logits_);
+    ggml_cgraph * gf = ggml_new_graph(graph_ctx_);
+    ggml_build_forward_expand(gf, y);
+    ggml_backend_graph_compute(backend_, gf);
+}
+
+void exact_head::argmax(const float * hidden, int64_t n, int32_t * out) {
+    approx_logits(hidden, n);
+    for (int64_t r = 0; r < n; ++r) out[r] = decide(hidden + r * n_embd_, logits_ + r * n_vocab_);
+    rows += n;
+}
+
+// A row's exact argmax from its approximate logits. The exact logit of row i is W_i . hq (hq:
+// h as the exact type's vec_dot quantizes it, the very function llama.cpp's matmul calls), the
+// approximate one A_i . h0 (h0: h as the copy's matmul quantizes it, Q8_0), and
+//   W_i . hq - A_i . h0 = W_i . (hq - h0) + (W_i - A_i) . h0,
+// so they differ by at most |W_i| |hq - h0| + |W_i - A_i| |h0| (each norm computed here, h0's
+// widened by where another Q8_0 rounding could differ), plus float rounding, far below the
+// 1e-4 relative slack added. Only rows whose bound reaches the exact logit of the approximate
+// argmax can be the argmax: those are computed exactly, the lowest id winning a tie.
+int32_t exact_head::decide(const float * h, const float * approx) {
+    const auto * cpu_q = ggml_get_type_traits_cpu(dot_type_);
+    const auto * cpu_0 = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0);
+    std::vector<float> hq(n_embd_), h0(n_embd_), zero(n_embd_, 0.0f);
+    std::vector<uint8_t> q0(ggml_row_size(GGML_TYPE_Q8_0, n_embd_));
+    cpu_q->from_float(h, quantized_.data(), n_embd_);
+    dequantized(dot_type_, quantized_.data(), n_embd_, hq.data());
+    cpu_0->from_float(h, q0.data(), n_embd_);
+    dequantized(GGML_TYPE_Q8_0, q0.data(), n_embd_, h0.data());
+    const double halfway = halfway_radius(h, n_embd_);
+    const double apart = distance(hq.data(), h0.data(), n_embd_) + halfway;
+    const double norm_h0 = distance(h0.data(), zero.data(), n_embd_) + halfway;
+    if (!std::isfinite(apart) || !std::isfinite(norm_h0)) return -1;
+    const double slack = 1e-4 * (norm_h0 + apart);
+    const float alpha = float((apart + slack) * (1.0 + 1e-5));
+    const float beta = float((norm_h0 + slack) * (1.0 + 1e-5));
+    const auto vec_dot = ggml_get_type_traits_cpu(type_)->vec_dot;
+    auto exact = [&](int64_t i) {
+        float v;
+        vec_dot(int(n_embd_), &v, 0, weights_ + i * row_bytes_, 0, quantized_.data(), 0, 1);
+        return v;
+    };
+    const int32_t first = ls::argmax(approx, int32_t(n_vocab_));
+    int32_t best = first;
+    float best_logit = exact(first);
+    if (!std::isfinite(best_logit)) return -1;
+    const float reach = best_logit - 1e-6f;
+    const float * norm = norm_.data();
+    const float * err = err_.data();
+    for (int64_t i = 0; i < n_vocab_; ++i) {
+        if (approx[i] + norm[i] * alpha + err[i] * beta < reach || i == first) continue;
+        const float v = exact(i);
+        ++rescored;
+        if (v > best_logit || (v == best_logit && i < best)) {
+            best_logit = v;
+            best = int32_t(i);
+        }
+    }
+    return best;
+}
+
+void exact_head::exact_logits(const float * hidden, const int32_t * ids, int64_t n, float * out) const {
+    std::vector<uint8_t> q(ggml_row_size(dot_type_, n_embd_));
+    ggml_get_type_traits_cpu(dot_type_)->from_float(hidden, q.data(), n_embd_);
+    const auto vec_dot = ggml_get_type_traits_cpu(type_)->vec_dot;
+    for (int64_t j = 0; j < n; ++j) {
+        vec_dot(int(n_embd_), out + j, 0, weights_ + int64_t(ids[j]) * row_bytes_, 0, q.data(), 0, 1);
+    }
+}
+
+// --- the hook ------------------------------------------------------------------------------
+
+namespace {
+std::mutex hooks_mutex;
+std::unordered_map<const llama_context *, head_hook *> hooks;
+}  // namespace
+
+bool head_hook::eval(ggml_tensor * t, bool ask, void * self) {
+    auto * hook = static_cast<head_hook *>(self);
+    if (!hook->on && !hook->probing_) return !ask;  // nothing asked: llama.cpp runs its graph whole
+    if (ask) return std::strcmp(t->name, "result_norm") == 0;
+    const int64_t n = t->ne[1];
+    if (t->type != GGML_TYPE_F32 || t->ne[0] != hook->head_.n_embd() || !ggml_is_contiguous(t) || !t->data) {
+        hook->tokens_.assign(hook->tokens_.size() + size_t(n), -1);
+        return true;
+    }
+    const float * rows = static_cast<const float *>(t->data);
+    if (hook->probing_) {
+        hook->probe_.insert(hook->probe_.end(), rows, rows + n * t->ne[0]);
+        return true;
+    }
+    const size_t old = hook->tokens_.size();
+    hook->tokens_.resize(old + size_t(n));
+    hook->head_.argmax(rows, n, hook->tokens_.data() + old);
+    return false;  // the rest of the graph is the output layer: skipped
+}
+
+void head_hook::begin(int32_t n_tokens, const int8_t * outputs) {
+    output_of_row_.assign(size_t(std::max(0, n_tokens)), -1);
+    int32_t j = 0;
+    for (int32_t i = 0; i < n_tokens; ++i) {
+        if (outputs ? outputs[i] != 0 : i == n_tokens - 1) output_of_row_[i] = j++;
+    }
+    tokens_.clear();
+}
+
+llama_token head_hook::token(int32_t row) const {
+    const int32_t n = int32_t(output_of_row_.size());
+    if (row < 0) row += n;
+    if (row < 0 || row >= n) return -1;
+    const int32_t j = output_of_row_[row];
+    return j >= 0 && size_t(j) < tokens_.size() ? tokens_[j] : -1;
+}
+
+head_hook * head_hook::of(llama_context * ctx) {
+    std::lock_guard<std::mutex> lock(hooks_mutex);
+    auto it = hooks.find(ctx);
+    return it != hooks.end() && it->second->on ? it->second : nullptr;
+}
+
+bool head_hook::bind(llama_context * ctx) {
+    unbind();
+    const llama_vocab * vocab = llama_model_get_vocab(llama_get_model(ctx));
+    const int32_t n_vocab = llama_vocab_n_tokens(vocab), n_rows = 4;
+    llama_batch batch = llama_batch_init(n_rows, 0, 1);
+    for (int32_t i = 0; i < n_rows; ++i) {
+        batch.token[i] = (i * 7919) % n_vocab;
+        batch.pos[i] = i;
+        batch.n_seq_id[i] = 1;
+        batch.seq_id[i][0] = 0;
+        batch.logits[i] = 1;
+    }
+    batch.n_tokens = n_rows;
+    probe_.clear();
+    probing_ = true;
+    const int32_t status = llama_decode(ctx, batch);
+    probing_ = false;
+    llama_batch_free(batch);
+    const int64_t n_embd = head_.n_embd();
+    bool ok = status == 0 && int64_t(probe_.size()) == n_rows * n_embd;
+    for (int32_t r = 0; ok && r < n_rows; ++r) {
+        const float * logits = llama_get_logits_ith(ctx, r);
+        const float * h = probe_.data() + r * n_embd;
+        int32_t mine = -1;
+        head_.argmax(h, 1, &mine);
+        const int32_t ids[3] = {ls::argmax(logits, n_vocab), 0, n_vocab - 1};
+        float values[3];
+        head_.exact_logits(h, ids, 3, values);
+        ok = logits && mine == ids[0];
+        for (int k = 0; ok && k < 3; ++k) ok = std::memcmp(&values[k], &logits[ids[k]], sizeof(float)) == 0;
+    }
+    llama_memory_clear(llama_get_memory(ctx), true);
+    probe_ = {};
+    head_.rows = head_.rescored = 0;
+    if (ok) {
+        std::lock_guard<std::mutex> lock(hooks_mutex);
+        hooks[ctx] = this;
+        ctx_ = ctx;
+    }
+    return ok;
+}
+
+void head_hook::unbind() {
+    on = false;
+    if (!ctx_) return;
+    std::lock_guard<std::mutex> lock(hooks_mutex);
+    hooks.erase(ctx_);
+    ctx_ = nullptr;
+}
+
+}  // namespace ls

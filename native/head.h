@@ -1,0 +1,99 @@
+// Greedy's argmax on the CPU without the output layer's full matmul, exactly.
+//
+// The output layer (the LM head) is a fifth of a plain step of Qwen2.5-Coder-1.5B on a CPU:
+// its Q6_K matrix, 151,936 rows, is read for every token (6.5 ms of 33). Greedy decoding and
+// greedy verification need only each row's argmax. So the head stops llama.cpp's graph at the
+// final norm (result_norm) and runs a 4-bit copy of the matrix instead (Q4_0 in ggml's
+// repacked layout: about half the time), bounds every row's distance from the exact logit,
+// and computes exactly, with ggml's own vec_dot on the file's rows as llama.cpp's matmul does,
+// only the rows that could still be the largest (a few dozen): the same token, bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ggml-backend.h"
+#include "ggml.h"
+#include "llama.h"
+
+namespace ls {
+
+class exact_head {
+public:
+    // `weights`: the output matrix as its GGUF stores it, n_vocab rows of n_embd of `type`,
+    // mapped by the caller for the head's life. Throws std::invalid_argument where the head
+    // cannot be exact or cannot pay (a type it does not know, no repacked 4-bit kernel).
+    exact_head(const uint8_t * weights, ggml_type type, int64_t n_embd, int64_t n_vocab, int32_t n_threads);
+    ~exact_head();
+    exact_head(const exact_head &) = delete;
+    exact_head & operator=(const exact_head &) = delete;
+
+    // The argmax of each of n rows of hidden states (n_embd floats a row, the output layer's
+    // input) into out[0..n).
+    void argmax(const float * hidden, int64_t n, int32_t * out);
+    // The logits llama.cpp computes for rows `ids` of one hidden row (its start's check, tests).
+    void exact_logits(const float * hidden, const int32_t * ids, int64_t n, float * out) const;
+
+    int64_t n_embd() const { return n_embd_; }
+    size_t  extra_bytes() const;  // the 4-bit copy and the bounds' norms
+    double  full_ms = 0.0, approx_ms = 0.0;  // one row's head each way, measured at build
+    int64_t rows = 0, rescored = 0;           // rows decided, candidates computed exactly
+
+private:
+    void release();
+    void approx_logits(const float * hidden, int64_t n);
+    int32_t decide(const float * h, const float * approx);
+
+    const uint8_t * weights_;
+    ggml_type type_, dot_type_;
+    int64_t n_embd_, n_vocab_;
+    size_t row_bytes_;
+    // Per vocabulary row: |W_i| and |W_i - A_i| (A the 4-bit copy), for the bound
+    std::vector<float> norm_, err_;
+    ggml_backend_t backend_ = nullptr;
+    ggml_context * weight_ctx_ = nullptr;
+    ggml_backend_buffer_t weight_buf_ = nullptr;
+    ggml_tensor * copy_ = nullptr;
+    // the approximate matmul's graph for up to cap_ rows
+    int64_t cap_ = 0;
+    ggml_context * graph_ctx_ = nullptr;
+    ggml_backend_buffer_t graph_buf_ = nullptr;
+    ggml_tensor * in_ = nullptr;
+    float * logits_ = nullptr;  // cap_ rows of approximate logits, then cap_ hidden rows (graph_buf_)
+    std::vector<uint8_t> quantized_;  // a hidden row in the exact type's vec_dot type
+};
+
+// A context's link to an exact head: llama.cpp's eval callback (set when the context is
+// created) stops each forward at result_norm while `on`, and the head decides the rows that
+// output; device_token() (step.h) reads them as it reads a sampler's on a GPU.
+class head_hook {
+public:
+    explicit head_hook(exact_head & head) : head_(head) {}
+    ~head_hook() { unbind(); }
+    head_hook(const head_hook &) = delete;
+    head_hook & operator=(const head_hook &) = delete;
+
+    static bool eval(ggml_tensor * t, bool ask, void * self);  // llama.cpp's cb_eval
+    // Tie the hook to its context, after checking on a few rows that the head reproduces
+    // llama.cpp's logits (its argmax and its values, bit for bit); false where it does not
+    // (an architecture whose logits are not the plain matmul of result_norm), unbound.
+    bool bind(llama_context * ctx);
+    void unbind();
+    static head_hook * of(llama_context * ctx);  // the bound hook that is on, or null
+
+    bool on = false;
+    // Before a forward: which of its n_tokens rows output (null: the last), so that row i's
+    // token is found among the head's outputs.
+    void begin(int32_t n_tokens, const int8_t * outputs);
+    llama_token token(int32_t row) const;  // -1: no decided row there
+
+private:
+    exact_head & head_;
+    llama_context * ctx_ = nullptr;
+    bool probing_ = false;                 // bind(): keep the rows, run the whole graph
+    std::vector<int32_t> output_of_row_;   // -1: the row does not output
+    std::vector<int32_t> tokens_;          // per output row, in order
+    std::vector<float> probe_;             // bind()'s hidden rows
+};
+
+}  // namespace ls
