@@ -29,7 +29,7 @@ def cache_key(ctx: Context) -> str:
     st = ctx.model.path.stat()
     parts = ["v6", str(ctx.model.path.resolve()), str(st.st_size), str(st.st_mtime_ns), ll.__version__,
              _native.system_info(), str(ctx.config.n_threads), ctx.config.flash_attn,
-             ctx.config.kv_type, str(ctx.model.repack), str(ctx.model.n_gpu_layers),
+             ctx.config.kv_type, str(ctx.model.repack), str(ctx.model.n_gpu_layers), f"head {ctx.exact_head}",
              *ctx.model.rpc]  # over a network, the link shapes the curve
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
