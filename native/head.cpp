@@ -102,6 +102,7 @@ exact_head::exact_head(const uint8_t * weights, ggml_type type, int64_t n_embd, 
     }
     row_bytes_ = ggml_row_size(type, n_embd);
     n_threads = std::max(1, n_threads);
+    n_threads_ = n_threads;
     backend_ = ggml_backend_cpu_init();
     ggml_backend_cpu_set_n_threads(backend_, n_threads);
     weight_ctx_ = ggml_init({ggml_tensor_overhead() * 4, nullptr, true});
@@ -137,7 +138,6 @@ exact_head::exact_head(const uint8_t * weights, ggml_type type, int64_t n_embd, 
     weight_buf_ = ggml_backend_alloc_ctx_tensors_from_buft(weight_ctx_, buft);
     ggml_backend_tensor_set(copy_, copy.data(), 0, copy.size());  // repacks it
     copy = {};
-    quantized_.resize(ggml_row_size(dot_type_, n_embd));
 
     // What one row costs each way: llama.cpp's matmul over the file's matrix, and this head on
     // a row whose argmax is clear (a vocabulary row itself, scaled as hidden states are).
@@ -178,12 +178,11 @@ exact_head::exact_head(const uint8_t * weights, ggml_type type, int64_t n_embd, 
 exact_head::~exact_head() { release(); }
 
 void exact_head::release() {
-    if (graph_buf_) ggml_backend_buffer_free(graph_buf_);
     if (graph_ctx_) ggml_free(graph_ctx_);
     if (weight_buf_) ggml_backend_buffer_free(weight_buf_);
     if (weight_ctx_) ggml_free(weight_ctx_);
     if (backend_) ggml_backend_free(backend_);
-    graph_buf_ = weight_buf_ = nullptr;
+    weight_buf_ = nullptr;
     graph_ctx_ = weight_ctx_ = nullptr;
     backend_ = nullptr;
 }
@@ -192,31 +191,57 @@ size_t exact_head::extra_bytes() const {
     return ggml_nbytes(copy_) + (norm_.size() + err_.size()) * sizeof(float);
 }
 
-void exact_head::approx_logits(const float * hidden, int64_t n) {
-    if (n > cap_) {  // the output and input rows live in one buffer, grown as needed
-        if (graph_buf_) ggml_backend_buffer_free(graph_buf_);
-        cap_ = std::max<int64_t>(n, 2 * cap_);
-        graph_buf_ = ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(),
-                                                    (n_embd_ + n_vocab_) * cap_ * sizeof(float));
-        logits_ = static_cast<float *>(ggml_backend_buffer_get_base(graph_buf_));
+head_batch::~head_batch() {
+    if (buffer) ggml_backend_buffer_free(buffer);
+}
+
+void exact_head::approximate(head_batch & rows, const float * hidden, int64_t n) {
+    if (n <= 0) return;
+    const int64_t total = rows.n + n;
+    if (total > rows.cap) {  // grown (keeping the rows it holds: a forward of several ubatches)
+        const int64_t cap = std::max<int64_t>(total, 2 * rows.cap);
+        ggml_backend_buffer_t buffer = ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(),
+                                                                      (n_embd_ + n_vocab_) * cap * sizeof(float));
+        auto * logits = static_cast<float *>(ggml_backend_buffer_get_base(buffer));
+        if (rows.n) {
+            std::memcpy(logits, rows.logits, rows.n * n_vocab_ * sizeof(float));
+            std::memcpy(logits + n_vocab_ * cap, rows.hidden, rows.n * n_embd_ * sizeof(float));
+        }
+        if (rows.buffer) ggml_backend_buffer_free(rows.buffer);
+        rows.buffer = buffer;
+        rows.cap = cap;
+        rows.logits = logits;
+        rows.hidden = logits + n_vocab_ * cap;
     }
+    float * in = rows.hidden + rows.n * n_embd_;
+    std::memcpy(in, hidden, n * n_embd_ * sizeof(float));
     if (!graph_ctx_) graph_ctx_ = ggml_init({ggml_tensor_overhead() * 4 + ggml_graph_overhead(), nullptr, true});
     ggml_reset(graph_ctx_);
-    float * in = logits_ + n_vocab_ * cap_;
-    std::memcpy(in, hidden, n * n_embd_ * sizeof(float));
     ggml_tensor * x = ggml_new_tensor_2d(graph_ctx_, GGML_TYPE_F32, n_embd_, n);
     ggml_tensor * y = ggml_mul_mat(graph_ctx_, copy_, x);
-    ggml_backend_tensor_alloc(graph_buf_, x, in);
-    ggml_backend_tensor_alloc(graph_buf_, y, logits_);
+    ggml_backend_tensor_alloc(rows.buffer, x, in);
+    ggml_backend_tensor_alloc(rows.buffer, y, rows.logits + rows.n * n_vocab_);
     ggml_cgraph * gf = ggml_new_graph(graph_ctx_);
     ggml_build_forward_expand(gf, y);
     ggml_backend_graph_compute(backend_, gf);
+    rows.n = total;
+    rows.tokens.resize(size_t(total), -2);
+}
+
+int32_t exact_head::token(head_batch & rows, int64_t j) {
+    if (j < 0 || j >= rows.n) return -1;
+    if (rows.tokens[j] == -2) {
+        rows.tokens[j] = decide(rows.hidden + j * n_embd_, rows.logits + j * n_vocab_);
+        ++this->rows;
+    }
+    return rows.tokens[j];
 }
 
 void exact_head::argmax(const float * hidden, int64_t n, int32_t * out) {
-    approx_logits(hidden, n);
-    for (int64_t r = 0; r < n; ++r) out[r] = decide(hidden + r * n_embd_, logits_ + r * n_vocab_);
-    rows += n;
+    own_.n = 0;
+    own_.tokens.clear();
+    approximate(own_, hidden, n);
+    for (int64_t r = 0; r < n; ++r) out[r] = token(own_, r);
 }
 
 // A row's exact argmax from its approximate logits. The exact logit of row i is W_i . hq (hq:
@@ -231,9 +256,9 @@ int32_t exact_head::decide(const float * h, const float * approx) {
     const auto * cpu_q = ggml_get_type_traits_cpu(dot_type_);
     const auto * cpu_0 = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0);
     std::vector<float> hq(n_embd_), h0(n_embd_), zero(n_embd_, 0.0f);
-    std::vector<uint8_t> q0(ggml_row_size(GGML_TYPE_Q8_0, n_embd_));
-    cpu_q->from_float(h, quantized_.data(), n_embd_);
-    dequantized(dot_type_, quantized_.data(), n_embd_, hq.data());
+    std::vector<uint8_t> q0(ggml_row_size(GGML_TYPE_Q8_0, n_embd_)), quantized(ggml_row_size(dot_type_, n_embd_));
+    cpu_q->from_float(h, quantized.data(), n_embd_);
+    dequantized(dot_type_, quantized.data(), n_embd_, hq.data());
     cpu_0->from_float(h, q0.data(), n_embd_);
     dequantized(GGML_TYPE_Q8_0, q0.data(), n_embd_, h0.data());
     const double halfway = halfway_radius(h, n_embd_);
@@ -246,26 +271,36 @@ int32_t exact_head::decide(const float * h, const float * approx) {
     const auto vec_dot = ggml_get_type_traits_cpu(type_)->vec_dot;
     auto exact = [&](int64_t i) {
         float v;
-        vec_dot(int(n_embd_), &v, 0, weights_ + i * row_bytes_, 0, quantized_.data(), 0, 1);
+        vec_dot(int(n_embd_), &v, 0, weights_ + i * row_bytes_, 0, quantized.data(), 0, 1);
         return v;
     };
     const int32_t first = ls::argmax(approx, int32_t(n_vocab_));
-    int32_t best = first;
-    float best_logit = exact(first);
-    if (!std::isfinite(best_logit)) return -1;
-    const float reach = best_logit - 1e-6f;
-    const float * norm = norm_.data();
-    const float * err = err_.data();
+    const float first_logit = exact(first);
+    if (!std::isfinite(first_logit)) return -1;
+    const float reach = first_logit - 1e-6f;
+    std::vector<int32_t> candidates;
     for (int64_t i = 0; i < n_vocab_; ++i) {
-        if (approx[i] + norm[i] * alpha + err[i] * beta < reach || i == first) continue;
-        const float v = exact(i);
-        ++rescored;
-        if (v > best_logit || (v == best_logit && i < best)) {
-            best_logit = v;
-            best = int32_t(i);
-        }
+        if (approx[i] + norm_[i] * alpha + err_[i] * beta >= reach && i != first) candidates.push_back(int32_t(i));
     }
-    return best;
+    rescored += int64_t(candidates.size());
+    // The candidates computed exactly: on every thread where they are many (an unsure row's
+    // can be a tenth of the vocabulary), each thread's best then the best of those.
+    const int32_t n_parts = candidates.size() > 4096 ? n_threads_ : 1;
+    std::vector<std::pair<float, int32_t>> best(size_t(n_parts), {first_logit, first});
+    const int64_t part = std::max<int64_t>(1, (int64_t(candidates.size()) + n_parts - 1) / n_parts);  // in_parallel's
+    in_parallel(int64_t(candidates.size()), n_parts, [&](int64_t a, int64_t b) {
+        auto & mine = best[size_t(a / part)];
+        for (int64_t k = a; k < b; ++k) {
+            const int32_t i = candidates[size_t(k)];
+            const float v = exact(i);
+            if (v > mine.first || (v == mine.first && i < mine.second)) mine = {v, i};
+        }
+    });
+    auto winner = best[0];
+    for (const auto & b : best) {
+        if (b.first > winner.first || (b.first == winner.first && b.second < winner.second)) winner = b;
+    }
+    return winner.second;
 }
 
 void exact_head::exact_logits(const float * hidden, const int32_t * ids, int64_t n, float * out) const {
@@ -290,7 +325,7 @@ bool head_hook::eval(ggml_tensor * t, bool ask, void * self) {
     if (ask) return std::strcmp(t->name, "result_norm") == 0;
     const int64_t n = t->ne[1];
     if (t->type != GGML_TYPE_F32 || t->ne[0] != hook->head_.n_embd() || !ggml_is_contiguous(t) || !t->data) {
-        hook->tokens_.assign(hook->tokens_.size() + size_t(n), -1);
+        hook->failed_ = true;  // its rows read -1: the caller decodes them again on the whole layer
         return true;
     }
     const float * rows = static_cast<const float *>(t->data);
@@ -298,9 +333,7 @@ bool head_hook::eval(ggml_tensor * t, bool ask, void * self) {
         hook->probe_.insert(hook->probe_.end(), rows, rows + n * t->ne[0]);
         return true;
     }
-    const size_t old = hook->tokens_.size();
-    hook->tokens_.resize(old + size_t(n));
-    hook->head_.argmax(rows, n, hook->tokens_.data() + old);
+    hook->head_.approximate(hook->rows_, rows, n);
     return false;  // the rest of the graph is the output layer: skipped
 }
 
@@ -310,15 +343,16 @@ void head_hook::begin(int32_t n_tokens, const int8_t * outputs) {
     for (int32_t i = 0; i < n_tokens; ++i) {
         if (outputs ? outputs[i] != 0 : i == n_tokens - 1) output_of_row_[i] = j++;
     }
-    tokens_.clear();
+    rows_.n = 0;
+    rows_.tokens.clear();
+    failed_ = false;
 }
 
-llama_token head_hook::token(int32_t row) const {
+llama_token head_hook::token(int32_t row) {
     const int32_t n = int32_t(output_of_row_.size());
     if (row < 0) row += n;
-    if (row < 0 || row >= n) return -1;
-    const int32_t j = output_of_row_[row];
-    return j >= 0 && size_t(j) < tokens_.size() ? tokens_[j] : -1;
+    if (failed_ || row < 0 || row >= n) return -1;
+    return head_.token(rows_, output_of_row_[row]);
 }
 
 head_hook * head_hook::of(llama_context * ctx) {

@@ -18,6 +18,22 @@
 
 namespace ls {
 
+// A forward's rows through the copy: their hidden states and approximate logits, and each
+// row's exact argmax, decided when first asked for (greedy verification reads only the rows
+// its walk reaches: a few of a 16-row tree).
+struct head_batch {
+    head_batch() = default;
+    ~head_batch();
+    head_batch(const head_batch &) = delete;
+    head_batch & operator=(const head_batch &) = delete;
+
+    int64_t n = 0, cap = 0;
+    ggml_backend_buffer_t buffer = nullptr;  // cap rows of approximate logits, then cap hidden rows
+    float * logits = nullptr;
+    float * hidden = nullptr;
+    std::vector<int32_t> tokens;  // per row: -2 not decided yet, -1 not a finite row
+};
+
 class exact_head {
 public:
     // `weights`: the output matrix as its GGUF stores it, n_vocab rows of n_embd of `type`,
@@ -28,8 +44,12 @@ public:
     exact_head(const exact_head &) = delete;
     exact_head & operator=(const exact_head &) = delete;
 
-    // The argmax of each of n rows of hidden states (n_embd floats a row, the output layer's
-    // input) into out[0..n).
+    // Appends n rows of hidden states (n_embd floats a row, the output layer's input) to
+    // `rows`, with their approximate logits (one matmul over the copy).
+    void approximate(head_batch & rows, const float * hidden, int64_t n);
+    // Row j's argmax, decided exactly on first ask.
+    int32_t token(head_batch & rows, int64_t j);
+    // The argmax of each of n rows into out[0..n) (tests, its own timing).
     void argmax(const float * hidden, int64_t n, int32_t * out);
     // The logits llama.cpp computes for rows `ids` of one hidden row (its start's check, tests).
     void exact_logits(const float * hidden, const int32_t * ids, int64_t n, float * out) const;
@@ -41,26 +61,21 @@ public:
 
 private:
     void release();
-    void approx_logits(const float * hidden, int64_t n);
     int32_t decide(const float * h, const float * approx);
 
     const uint8_t * weights_;
     ggml_type type_, dot_type_;
     int64_t n_embd_, n_vocab_;
     size_t row_bytes_;
+    int32_t n_threads_;
     // Per vocabulary row: |W_i| and |W_i - A_i| (A the 4-bit copy), for the bound
     std::vector<float> norm_, err_;
     ggml_backend_t backend_ = nullptr;
     ggml_context * weight_ctx_ = nullptr;
     ggml_backend_buffer_t weight_buf_ = nullptr;
     ggml_tensor * copy_ = nullptr;
-    // the approximate matmul's graph for up to cap_ rows
-    int64_t cap_ = 0;
-    ggml_context * graph_ctx_ = nullptr;
-    ggml_backend_buffer_t graph_buf_ = nullptr;
-    ggml_tensor * in_ = nullptr;
-    float * logits_ = nullptr;  // cap_ rows of approximate logits, then cap_ hidden rows (graph_buf_)
-    std::vector<uint8_t> quantized_;  // a hidden row in the exact type's vec_dot type
+    ggml_context * graph_ctx_ = nullptr;  // the approximate matmul's graph, rebuilt per forward
+    head_batch own_;                       // argmax()'s
 };
 
 // A context's link to an exact head: llama.cpp's eval callback (set when the context is
@@ -85,14 +100,15 @@ public:
     // Before a forward: which of its n_tokens rows output (null: the last), so that row i's
     // token is found among the head's outputs.
     void begin(int32_t n_tokens, const int8_t * outputs);
-    llama_token token(int32_t row) const;  // -1: no decided row there
+    llama_token token(int32_t row);  // -1: none there
 
 private:
     exact_head & head_;
     llama_context * ctx_ = nullptr;
     bool probing_ = false;                 // bind(): keep the rows, run the whole graph
     std::vector<int32_t> output_of_row_;   // -1: the row does not output
-    std::vector<int32_t> tokens_;          // per output row, in order
+    head_batch rows_;                       // the output rows, in order
+    bool failed_ = false;                  // a forward's rows were not the head's to read
     std::vector<float> probe_;             // bind()'s hidden rows
 };
 

@@ -280,7 +280,7 @@ namespace {
 // A row's argmax from the CPU's exact head where one is on (head.h), else from llama.cpp's
 // sampler in the graph.
 llama_token sampled_token(llama_context * ctx, int32_t row) {
-    if (const head_hook * head = head_hook::of(ctx)) return head->token(row);
+    if (head_hook * head = head_hook::of(ctx)) return head->token(row);
     return llama_get_sampled_token_ith(ctx, row);
 }
 
