@@ -321,7 +321,7 @@ std::unordered_map<const llama_context *, head_hook *> hooks;
 
 bool head_hook::eval(ggml_tensor * t, bool ask, void * self) {
     auto * hook = static_cast<head_hook *>(self);
-    if (!hook->on && !hook->probing_) return !ask;  // nothing asked: llama.cpp runs its graph whole
+    if ((!hook->on || hook->whole_layer_) && !hook->probing_) return !ask;  // nothing asked: the graph runs whole
     if (ask) return std::strcmp(t->name, "result_norm") == 0;
     const int64_t n = t->ne[1];
     if (t->type != GGML_TYPE_F32 || t->ne[0] != hook->head_.n_embd() || !ggml_is_contiguous(t) || !t->data) {
@@ -346,12 +346,17 @@ void head_hook::begin(int32_t n_tokens, const int8_t * outputs) {
     rows_.n = 0;
     rows_.tokens.clear();
     failed_ = false;
+    whole_layer_ = j >= WHOLE_LAYER_ROWS;
 }
 
 llama_token head_hook::token(int32_t row) {
     const int32_t n = int32_t(output_of_row_.size());
     if (row < 0) row += n;
     if (failed_ || row < 0 || row >= n) return -1;
+    if (whole_layer_) {
+        const float * logits = llama_get_logits_ith(ctx_, row);
+        return logits ? ls::argmax(logits, llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx_)))) : -1;
+    }
     return head_.token(rows_, output_of_row_[row]);
 }
 

@@ -111,3 +111,20 @@ def test_a_head_that_is_not_the_models_is_refused(q6k_path, head_always_pays):
             assert not ctx.exact_head
             _, logits = ctx.prefill(model.tokenize(PROMPTS[0]))  # the whole layer's
             assert np.isfinite(logits).all() and len(np.unique(logits)) > 1000
+
+
+def test_wide_forwards_read_the_whole_layer(qwen_path):
+    """From WHOLE_LAYER_ROWS output rows a forward runs llama.cpp's whole output layer (its
+    matmul reuses weights across rows, where the copy stops paying): its rows read the same."""
+    with Model(qwen_path) as model, Context(model, ContextConfig(n_ctx=512)) as whole, \
+            Context(model, ContextConfig(n_ctx=512, exact_head=True)) as ctx:
+        assert ctx.exact_head
+        tokens = model.tokenize(" ".join(PROMPTS))[:60]
+        for n in (60, 20):  # over the threshold (48), and under it
+            whole.clear()
+            whole.decode(tokens[:n], range(n), outputs=[True] * n)
+            want = [int(np.argmax(whole.logits(r))) for r in range(n)]
+            ctx.clear()
+            ctx.sample_on_device(0)
+            ctx.decode(tokens[:n], range(n), outputs=[True] * n)
+            assert [_native.sampled_token(ctx.ptr, r) for r in range(n)] == want, n
