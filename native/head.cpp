@@ -322,7 +322,9 @@ std::unordered_map<const llama_context *, head_hook *> hooks;
 bool head_hook::eval(ggml_tensor * t, bool ask, void * self) {
     auto * hook = static_cast<head_hook *>(self);
     if ((!hook->on || hook->whole_layer_) && !hook->probing_) return !ask;  // nothing asked: the graph runs whole
-    if (ask) return std::strcmp(t->name, "result_norm") == 0;
+    // The output layer's input: llama.cpp names it result_norm, and result_embd_pooled where
+    // the context returns hidden states (the same tensor, unpooled); bind() checks it is.
+    if (ask) return std::strcmp(t->name, "result_norm") == 0 || std::strcmp(t->name, "result_embd_pooled") == 0;
     const int64_t n = t->ne[1];
     if (t->type != GGML_TYPE_F32 || t->ne[0] != hook->head_.n_embd() || !ggml_is_contiguous(t) || !t->data) {
         hook->failed_ = true;  // its rows read -1: the caller decodes them again on the whole layer
@@ -331,6 +333,11 @@ bool head_hook::eval(ggml_tensor * t, bool ask, void * self) {
     const float * rows = static_cast<const float *>(t->data);
     if (hook->probing_) {
         hook->probe_.insert(hook->probe_.end(), rows, rows + n * t->ne[0]);
+        return true;
+    }
+    if (n >= head_hook::WHOLE_LAYER_ROWS || hook->whole_layer_) {  // llama.cpp's layer: its logits are read
+        hook->failed_ = hook->failed_ || hook->rows_.n > 0;  // (never: one ubatch holds a tree)
+        hook->whole_layer_ = true;
         return true;
     }
     hook->head_.approximate(hook->rows_, rows, n);
@@ -345,8 +352,7 @@ void head_hook::begin(int32_t n_tokens, const int8_t * outputs) {
     }
     rows_.n = 0;
     rows_.tokens.clear();
-    failed_ = false;
-    whole_layer_ = j >= WHOLE_LAYER_ROWS;
+    failed_ = whole_layer_ = false;
 }
 
 llama_token head_hook::token(int32_t row) {
@@ -357,7 +363,9 @@ llama_token head_hook::token(int32_t row) {
         const float * logits = llama_get_logits_ith(ctx_, row);
         return logits ? ls::argmax(logits, llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx_)))) : -1;
     }
-    return head_.token(rows_, output_of_row_[row]);
+    // A context that returns hidden states outputs every row, whatever the batch asked for
+    // (llama.cpp's rule); else the rows asked for, in order.
+    return head_.token(rows_, rows_.n == n ? row : output_of_row_[row]);
 }
 
 head_hook * head_hook::of(llama_context * ctx) {

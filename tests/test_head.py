@@ -62,12 +62,15 @@ def test_every_rows_argmax_is_the_whole_layers(which, qwen_path, q6k_path, head_
         assert head.rescored < head.rows * model.n_vocab / 4  # it skipped most of the layer
 
 
-@pytest.mark.parametrize("which", ["qwen", "q6k"])
+# "features": the context returns hidden states, as for a Jakiro drafter, and llama.cpp then
+# outputs every row of a batch whatever it asked for (a prompt's last chunk: all of its rows).
+@pytest.mark.parametrize("which", ["qwen", "qwen-features", "q6k"])
 def test_greedy_with_the_head_is_greedy_without(which, qwen_path, q6k_path, head_always_pays):
-    path = qwen_path if which == "qwen" else q6k_path
+    path = q6k_path if which == "q6k" else qwen_path
     outputs = {}
     for exact_head in (False, True):
-        engine = Engine(EngineConfig(model=str(path), n_ctx=2048, threads=2, exact_head=exact_head))
+        engine = Engine(EngineConfig(model=str(path), n_ctx=2048, threads=2, exact_head=exact_head,
+                                     features=which == "qwen-features" or None))
         try:
             assert engine.ctx.exact_head == exact_head, engine.model.head_note
             for drafter in ("none", "lookup", "suffix", "auto"):
@@ -128,3 +131,19 @@ def test_wide_forwards_read_the_whole_layer(qwen_path):
             ctx.sample_on_device(0)
             ctx.decode(tokens[:n], range(n), outputs=[True] * n)
             assert [_native.sampled_token(ctx.ptr, r) for r in range(n)] == want, n
+
+
+def test_hidden_states_come_back_with_the_head(qwen_path):
+    """Feature drafters (Jakiro) read the output layer's input: the head stops the graph right
+    after it, and the rows it hands back are the same."""
+    with Model(qwen_path) as model, Context(model, ContextConfig(n_ctx=512, embeddings=True)) as whole, \
+            Context(model, ContextConfig(n_ctx=512, embeddings=True, exact_head=True)) as ctx:
+        assert ctx.exact_head
+        tokens = model.tokenize(PROMPTS[1])
+        n = len(tokens)
+        whole.decode(tokens, range(n), outputs=[True] * n)
+        ctx.sample_on_device(0)
+        ctx.decode(tokens, range(n), outputs=[True] * n)
+        assert np.array_equal(hidden_rows(ctx, range(n)), hidden_rows(whole, range(n)))
+        assert [_native.sampled_token(ctx.ptr, r) for r in range(n)] == \
+            [int(np.argmax(whole.logits(r))) for r in range(n)]
