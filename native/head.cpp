@@ -113,13 +113,20 @@ exact_head::exact_head(const uint8_t * weights, ggml_type type, int64_t n_embd, 
         throw std::invalid_argument("no repacked 4-bit matmul on this CPU: the head would not pay");
     }
 
-    // The copy, and each row's norm and distance from it, in double.
+    build_copy(buft);
+    time_rows();
+}
+
+// The copy, and each row's norm and distance from it, in double.
+void exact_head::build_copy(ggml_backend_buffer_type_t buft) {
+    const int64_t n_embd = n_embd_, n_vocab = n_vocab_;
+    const uint8_t * weights = weights_;
     const size_t copy_row = ggml_row_size(COPY_TYPE, n_embd);
     std::vector<uint8_t> copy(copy_row * n_vocab);
     norm_.resize(n_vocab);
     err_.resize(n_vocab);
-    const auto to_float = traits->to_float, copy_to_float = ggml_get_type_traits(COPY_TYPE)->to_float;
-    in_parallel(n_vocab, n_threads, [&](int64_t first, int64_t last) {
+    const auto to_float = ggml_get_type_traits(type_)->to_float, copy_to_float = ggml_get_type_traits(COPY_TYPE)->to_float;
+    in_parallel(n_vocab, n_threads_, [&](int64_t first, int64_t last) {
         std::vector<float> w(n_embd), a(n_embd);
         for (int64_t i = first; i < last; ++i) {
             to_float(weights + i * row_bytes_, w.data(), n_embd);
@@ -139,14 +146,20 @@ exact_head::exact_head(const uint8_t * weights, ggml_type type, int64_t n_embd, 
     ggml_backend_tensor_set(copy_, copy.data(), 0, copy.size());  // repacks it
     copy = {};
 
-    // What one row costs each way: llama.cpp's matmul over the file's matrix, and this head on
-    // a row whose argmax is clear (a vocabulary row itself, scaled as hidden states are).
+}
+
+// What one row costs each way: llama.cpp's matmul over the file's matrix, and this head on a
+// row whose argmax is clear (a vocabulary row itself, scaled as hidden states are).
+void exact_head::time_rows() {
+    const int64_t n_embd = n_embd_, n_vocab = n_vocab_;
+    const uint8_t * weights = weights_;
+    const auto to_float = ggml_get_type_traits(type_)->to_float;
     std::vector<float> h(n_embd);
     to_float(weights + (n_vocab / 2) * row_bytes_, h.data(), n_embd);
     const float scale = 10.0f / std::max(1e-6f, norm_[n_vocab / 2]);
     for (float & x : h) x *= scale * std::sqrt(float(n_embd));
     ggml_context * ctx = ggml_init({ggml_tensor_overhead() * 4 + ggml_graph_overhead(), nullptr, true});
-    ggml_tensor * w = ggml_new_tensor_2d(ctx, type, n_embd, n_vocab);
+    ggml_tensor * w = ggml_new_tensor_2d(ctx, type_, n_embd, n_vocab);
     ggml_backend_buffer_t wb = ggml_backend_cpu_buffer_from_ptr(const_cast<uint8_t *>(weights), row_bytes_ * n_vocab);
     ggml_backend_tensor_alloc(wb, w, const_cast<uint8_t *>(weights));
     ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_embd, 1);

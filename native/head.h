@@ -61,6 +61,8 @@ public:
 
 private:
     void release();
+    void build_copy(ggml_backend_buffer_type_t buft);
+    void time_rows();
     int32_t decide(const float * h, const float * approx);
 
     const uint8_t * weights_;
