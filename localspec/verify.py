@@ -12,7 +12,7 @@ import numpy as np
 from localspec import _native
 from localspec.errors import LocalspecError
 from localspec.llama import recurrent
-from localspec.llama.context import Context, check_status, padded_shape
+from localspec.llama.context import Context, check_status, off_device, padded_shape
 from localspec.sampling import TokenLogprob, TokenSampler, token_logprob
 
 _EMPTY_I = np.zeros(0, np.int32)
@@ -228,7 +228,7 @@ def accept(ctx: Context, tree: DraftTree, sampler: TokenSampler) -> Verdict:
     if rejected or device_failed and launched.flattened:
         recurrent.undo(ctx)
     if device_failed:  # nothing was kept: the same batch again, read on the host
-        ctx.off_device("a verification row")
+        off_device(ctx, "a verification row")
         launch(ctx, launched.tree, launched.pending, launched.all_pending_rows, launched.speculating)
         again = accept(ctx, tree, sampler)
         return replace(again, seconds=seconds + again.seconds)

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.ctypeslib  # noqa: F401  (loaded lazily otherwise: 2-3 ms inside a request's first read)
 
 from localspec import _native
-from localspec.llama import recurrent, rpc
+from localspec.llama import exact_head, recurrent, rpc
 from localspec.llama.chunks import decode_chunks
 from localspec.llama.model import Model
 from localspec.errors import LocalspecError
@@ -110,22 +110,14 @@ class Context:
         params = context_params(config)
         if beside is not None:
             params.ctx_other = beside.ptr
-        # The exact head stops each forward at the output layer's input: llama.cpp's eval
-        # callback, set now or never.
-        head = model.exact_head(params.n_threads) if config.exact_head else None
-        self._head = _native.HeadHook(head) if head is not None else None
-        if self._head is not None:
-            params.cb_eval = ctypes.cast(self._head.callback, type(params.cb_eval))
-            params.cb_eval_user_data = self._head.address
+        self._hook = exact_head.hook_into(model, config.exact_head, params)  # llama.cpp calls it: kept
         ptr = ll.llama_init_from_model(model.ptr, params)
         if not ptr:
             raise LocalspecError(f"cannot create a llama.cpp context for {model.path} "
                                  f"(n_ctx={config.n_ctx}, n_seq_max={config.n_seq_max})")
         self.ptr = ptr
-        if self._head is not None and not self._head.bind(ptr):  # its logits are not the head's
-            self._head.on = False
-            self._head_off = self._head  # (llama.cpp still calls it: kept alive, idle)
-            self._head = None
+        self._head = exact_head.bound(self._hook, ptr)  # greedy rows' argmax from the exact head, or None
+        self.exact_head = self._head is not None  # (ContextConfig.exact_head, where the model has one)
         rpc.keepalive(model.rpc)  # the context's buffers may have opened connections
         self.n_ctx = ll.llama_n_ctx(ptr)
         self.mem = ll.llama_get_memory(ptr)
@@ -235,22 +227,9 @@ class Context:
         self._last = None  # a prompt's last row read in the other mode
 
     @property
-    def exact_head(self) -> bool:
-        """Whether greedy rows can be read from the model's exact head (ContextConfig.exact_head)."""
-        return self._head is not None
-
-    @property
     def rows_from(self) -> int:
         """How verification reads the rows (native rows_from): 0 host, 1 argmax, 2 top-k."""
         return 0 if self._device is None else 2 if self._device_top_k else 1
-
-    def off_device(self, where: str) -> None:
-        """The device handed back no valid token for a row it sampled (a backend's fault, seen
-        on CUDA): the request goes on sampling its rows on the host, which reads the same
-        logits, so its output does not change; the next request tries the device again."""
-        print(f"localspec: the device gave no valid token for {where}: this request goes on sampling "
-              f"on the host", file=sys.stderr)
-        self.sample_on_device(None)
 
     def abandon(self) -> None:
         """Drop a launched batch that nobody will finish: the cache holds `tokens` again."""
@@ -319,7 +298,7 @@ class Context:
         if last is not None:
             self._last = (n, last)
         else:  # the last chunk again, its rows read on the host (its outputs were handed out)
-            self.off_device("the prompt's last row")
+            off_device(self, "the prompt's last row")
             self.truncate(n - last_chunk)
             self.prefill(tokens, n_outputs)
             if not np.isfinite(self._last[1]).all():  # CUDA's argmax gives -1 for a row of NaN
@@ -419,6 +398,15 @@ class Context:
     def _seq_rm(self, seq: int, p0: int, p1: int) -> None:
         if not ll.llama_memory_seq_rm(self.mem, seq, p0, p1):
             raise LocalspecError(f"cannot remove positions [{p0}, {p1}) of sequence {seq}")
+
+
+def off_device(ctx: Context, where: str) -> None:
+    """The device handed back no valid token for a row it sampled (a backend's fault, seen on
+    CUDA): the request goes on sampling its rows on the host, which reads the same logits, so
+    its output does not change; the next request tries the device again."""
+    print(f"localspec: the device gave no valid token for {where}: this request goes on sampling "
+          f"on the host", file=sys.stderr)
+    ctx.sample_on_device(None)
 
 
 def read_row(ctx: Context, row: int) -> np.ndarray | tuple[np.ndarray, np.ndarray] | int | None:
