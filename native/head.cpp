@@ -56,9 +56,9 @@ double halfway_radius(const float * x, int64_t n) {
     return std::sqrt(sum);
 }
 
-double distance(const float * a, const float * b, int64_t n) {
+double distance(const float * a, const float * b, int64_t n) {  // b null: a's norm
     double sum = 0.0;
-    for (int64_t i = 0; i < n; ++i) sum += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    for (int64_t i = 0; i < n; ++i) sum += (double(a[i]) - (b ? b[i] : 0.0f)) * (double(a[i]) - (b ? b[i] : 0.0f));
     return std::sqrt(sum);
 }
 
@@ -268,7 +268,7 @@ void exact_head::argmax(const float * hidden, int64_t n, int32_t * out) {
 int32_t exact_head::decide(const float * h, const float * approx) {
     const auto * cpu_q = ggml_get_type_traits_cpu(dot_type_);
     const auto * cpu_0 = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0);
-    std::vector<float> hq(n_embd_), h0(n_embd_), zero(n_embd_, 0.0f);
+    std::vector<float> hq(n_embd_), h0(n_embd_);
     std::vector<uint8_t> q0(ggml_row_size(GGML_TYPE_Q8_0, n_embd_)), quantized(ggml_row_size(dot_type_, n_embd_));
     cpu_q->from_float(h, quantized.data(), n_embd_);
     dequantized(dot_type_, quantized.data(), n_embd_, hq.data());
@@ -276,7 +276,7 @@ int32_t exact_head::decide(const float * h, const float * approx) {
     dequantized(GGML_TYPE_Q8_0, q0.data(), n_embd_, h0.data());
     const double halfway = halfway_radius(h, n_embd_);
     const double apart = distance(hq.data(), h0.data(), n_embd_) + halfway;
-    const double norm_h0 = distance(h0.data(), zero.data(), n_embd_) + halfway;
+    const double norm_h0 = distance(h0.data(), nullptr, n_embd_) + halfway;
     if (!std::isfinite(apart) || !std::isfinite(norm_h0)) return -1;
     const double slack = 1e-4 * (norm_h0 + apart);
     const float alpha = float((apart + slack) * (1.0 + 1e-5));
