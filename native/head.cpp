@@ -58,7 +58,10 @@ double halfway_radius(const float * x, int64_t n) {
 
 double distance(const float * a, const float * b, int64_t n) {  // b null: a's norm
     double sum = 0.0;
-    for (int64_t i = 0; i < n; ++i) sum += (double(a[i]) - (b ? b[i] : 0.0f)) * (double(a[i]) - (b ? b[i] : 0.0f));
+    for (int64_t i = 0; i < n; ++i) {
+        const double d = double(a[i]) - (b ? b[i] : 0.0f);
+        sum += d * d;
+    }
     return std::sqrt(sum);
 }
 
