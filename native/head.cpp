@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <numeric>
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
@@ -54,6 +55,12 @@ double halfway_radius(const float * x, int64_t n) {
         }
     }
     return std::sqrt(sum);
+}
+
+// w as the 4-bit copy holds it: quantized into q (a row of the copy's type), then back into a.
+void copied(const float * w, uint8_t * q, float * a, int64_t n) {
+    ggml_quantize_chunk(COPY_TYPE, w, q, 0, 1, n, nullptr);
+    ggml_get_type_traits(COPY_TYPE)->to_float(q, a, n);
 }
 
 double distance(const float * a, const float * b, int64_t n) {  // b null: a's norm
@@ -128,13 +135,12 @@ void exact_head::build_copy(ggml_backend_buffer_type_t buft) {
     std::vector<uint8_t> copy(copy_row * n_vocab);
     norm_.resize(n_vocab);
     err_.resize(n_vocab);
-    const auto to_float = ggml_get_type_traits(type_)->to_float, copy_to_float = ggml_get_type_traits(COPY_TYPE)->to_float;
+    const auto to_float = ggml_get_type_traits(type_)->to_float;
     in_parallel(n_vocab, n_threads_, [&](int64_t first, int64_t last) {
         std::vector<float> w(n_embd), a(n_embd);
         for (int64_t i = first; i < last; ++i) {
             to_float(weights + i * row_bytes_, w.data(), n_embd);
-            ggml_quantize_chunk(COPY_TYPE, w.data(), copy.data() + i * copy_row, 0, 1, n_embd, nullptr);
-            copy_to_float(copy.data() + i * copy_row, a.data(), n_embd);
+            copied(w.data(), copy.data() + i * copy_row, a.data(), n_embd);
             double nw = 0.0, ne = 0.0;
             for (int64_t k = 0; k < n_embd; ++k) {
                 nw += double(w[k]) * w[k];
@@ -204,7 +210,70 @@ void exact_head::release() {
 }
 
 size_t exact_head::extra_bytes() const {
-    return ggml_nbytes(copy_) + (norm_.size() + err_.size()) * sizeof(float);
+    return ggml_nbytes(copy_) + (norm_.size() + err_.size() + focus_err_.size() + rest_err_.size()) * sizeof(float);
+}
+
+void exact_head::focus(const float * hidden, int64_t n) {
+    const int64_t n_embd = n_embd_, F = FOCUS_DIMS;
+    if (!focus_dims_.empty() || n <= 0 || n_embd <= F) return;
+    std::vector<double> energy(size_t(n_embd), 0.0);
+    for (int64_t r = 0; r < n; ++r) {
+        for (int64_t k = 0; k < n_embd; ++k) energy[k] += double(hidden[r * n_embd + k]) * hidden[r * n_embd + k];
+    }
+    std::vector<int32_t> dims(static_cast<size_t>(n_embd));
+    std::iota(dims.begin(), dims.end(), 0);
+    std::partial_sort(dims.begin(), dims.begin() + F, dims.end(), [&](int32_t a, int32_t b) { return energy[a] > energy[b]; });
+    dims.resize(size_t(F));
+    std::sort(dims.begin(), dims.end());
+    std::vector<char> in_focus(size_t(n_embd), 0);
+    for (int32_t d : dims) in_focus[d] = 1;
+    std::vector<float> focus_err(size_t(n_vocab_ * F)), rest_err(static_cast<size_t>(n_vocab_));
+    const auto to_float = ggml_get_type_traits(type_)->to_float;
+    in_parallel(n_vocab_, n_threads_, [&](int64_t first, int64_t last) {
+        std::vector<float> w(n_embd), a(n_embd);
+        std::vector<uint8_t> q(ggml_row_size(COPY_TYPE, n_embd));
+        for (int64_t i = first; i < last; ++i) {
+            to_float(weights_ + i * row_bytes_, w.data(), n_embd);
+            copied(w.data(), q.data(), a.data(), n_embd);
+            double rest = 0.0;
+            for (int64_t k = 0; k < n_embd; ++k) {
+                if (!in_focus[k]) rest += (double(w[k]) - a[k]) * (double(w[k]) - a[k]);
+            }
+            for (int64_t j = 0; j < F; ++j) focus_err[i * F + j] = w[dims[j]] - a[dims[j]];
+            rest_err[i] = float(std::sqrt(rest) * (1.0 + 1e-6));  // rounded up, so the bound stays one
+        }
+    });
+    focus_dims_ = std::move(dims);
+    focus_err_ = std::move(focus_err);
+    rest_err_ = std::move(rest_err);
+}
+
+// Of the candidates, those a second bound still lets reach `reach`: of the error term
+// (W_i - A_i) . h0, the focus dimensions' part is computed and the rest bounded by its norms,
+// |E_i . h0| <= |E_i,S . h0_S| + |E_i,rest| |h0_rest|, and another rounding of h0 (halfway)
+// moves it by at most |E_i| halfway. (A float difference E_i,S is off by 2^-24 of it, far
+// inside the slack.)
+std::vector<int32_t> exact_head::narrowed(const float * approx, const std::vector<int32_t> & candidates,
+                                          const std::vector<float> & h0, double halfway, double slack,
+                                          float alpha, float reach) const {
+    const int64_t F = FOCUS_DIMS;
+    std::vector<double> h_focus(static_cast<size_t>(F));
+    double rest = 0.0;
+    for (int64_t k = 0, j = 0; k < n_embd_; ++k) {
+        if (j < F && focus_dims_[j] == k) h_focus[j++] = h0[k];
+        else rest += double(h0[k]) * h0[k];
+    }
+    const double beta_rest = (std::sqrt(rest) + slack) * (1.0 + 1e-5), gamma = (halfway + slack) * (1.0 + 1e-5);
+    std::vector<int32_t> kept;
+    for (int32_t i : candidates) {
+        const float * e = focus_err_.data() + int64_t(i) * F;
+        double s = 0.0;
+        for (int64_t j = 0; j < F; ++j) s += e[j] * h_focus[j];
+        const double bound = double(approx[i]) + double(norm_[i]) * alpha + double(err_[i]) * gamma +
+                             double(rest_err_[i]) * beta_rest + std::fabs(s) * (1.0 + 1e-5);
+        if (bound >= reach) kept.push_back(i);
+    }
+    return kept;
 }
 
 head_batch::~head_batch() {
@@ -298,6 +367,7 @@ int32_t exact_head::decide(const float * h, const float * approx) {
     for (int64_t i = 0; i < n_vocab_; ++i) {
         if (approx[i] + norm_[i] * alpha + err_[i] * beta >= reach && i != first) candidates.push_back(int32_t(i));
     }
+    if (!focus_err_.empty()) candidates = narrowed(approx, candidates, h0, halfway, slack, alpha, reach);
     rescored += int64_t(candidates.size());
     // The candidates computed exactly: on every thread where they are many (an unsure row's
     // can be a tenth of the vocabulary), each thread's best then the best of those.
@@ -410,6 +480,7 @@ bool head_hook::bind(llama_context * ctx) {
     llama_batch_free(batch);
     const int64_t n_embd = head_.n_embd();
     bool ok = status == 0 && int64_t(probe_.size()) == n_rows * n_embd;
+    if (ok) head_.focus(probe_.data(), n_rows);
     for (int32_t r = 0; ok && r < n_rows; ++r) {
         const float * logits = llama_get_logits_ith(ctx, r);
         const float * h = probe_.data() + r * n_embd;

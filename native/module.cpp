@@ -312,6 +312,12 @@ NB_MODULE(_native, m) {
                  h.argmax(hidden.data(), int64_t(hidden.shape(0)), out.data());
                  return out;
              }, "hidden"_a, "Each row's argmax (-1: not a finite row).")
+        .def("focus",
+             [](ls::exact_head & h, rows_in hidden) {
+                 if (hidden.shape(1) != size_t(h.n_embd())) throw nb::value_error("focus: rows of another width");
+                 nb::gil_scoped_release release;
+                 h.focus(hidden.data(), int64_t(hidden.shape(0)));
+             }, "hidden"_a, "Learn the dimensions these rows' energy is in (once): a second, tighter bound.")
         .def_ro("full_ms", &ls::exact_head::full_ms)
         .def_ro("approx_ms", &ls::exact_head::approx_ms)
         .def_ro("rows", &ls::exact_head::rows)

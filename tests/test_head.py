@@ -60,6 +60,12 @@ def test_every_rows_argmax_is_the_whole_layers(which, qwen_path, q6k_path, head_
         want = [int(np.argmax(ctx.logits(r))) for r in range(len(tokens))]
         assert head.argmax(hidden) == want
         assert head.rescored < head.rows * model.n_vocab / 4  # it skipped most of the layer
+        # The second bound, focused on the dimensions four rows carry their energy in, keeps
+        # every argmax and computes fewer rows exactly.
+        first_bound = head.rescored
+        head.focus(hidden[:4])
+        assert head.argmax(hidden) == want
+        assert head.rescored - first_bound < first_bound / 2
 
 
 # "features": the context returns hidden states, as for a Jakiro drafter, and llama.cpp then
