@@ -127,29 +127,39 @@ exact_head::exact_head(const uint8_t * weights, ggml_type type, int64_t n_embd, 
     time_rows();
 }
 
+// f(i, w, a) for every vocabulary row i on every thread: w the file's row as floats, a its
+// 4-bit copy's (quantized into copy's row i, or a scratch row where copy is null).
+template <typename F> void exact_head::each_row(uint8_t * copy, F f) const {
+    const int64_t n_embd = n_embd_;
+    const size_t copy_row = ggml_row_size(COPY_TYPE, n_embd);
+    const auto to_float = ggml_get_type_traits(type_)->to_float;
+    in_parallel(n_vocab_, n_threads_, [&](int64_t first, int64_t last) {
+        std::vector<float> w(n_embd), a(n_embd);
+        std::vector<uint8_t> scratch(copy ? 0 : copy_row);
+        for (int64_t i = first; i < last; ++i) {
+            to_float(weights_ + i * row_bytes_, w.data(), n_embd);
+            copied(w.data(), copy ? copy + i * copy_row : scratch.data(), a.data(), n_embd);
+            f(i, w.data(), a.data());
+        }
+    });
+}
+
 // The copy, and each row's norm and distance from it, in double.
 void exact_head::build_copy(ggml_backend_buffer_type_t buft) {
     const int64_t n_embd = n_embd_, n_vocab = n_vocab_;
-    const uint8_t * weights = weights_;
     const size_t copy_row = ggml_row_size(COPY_TYPE, n_embd);
     std::vector<uint8_t> copy(copy_row * n_vocab);
     norm_.resize(n_vocab);
     err_.resize(n_vocab);
-    const auto to_float = ggml_get_type_traits(type_)->to_float;
-    in_parallel(n_vocab, n_threads_, [&](int64_t first, int64_t last) {
-        std::vector<float> w(n_embd), a(n_embd);
-        for (int64_t i = first; i < last; ++i) {
-            to_float(weights + i * row_bytes_, w.data(), n_embd);
-            copied(w.data(), copy.data() + i * copy_row, a.data(), n_embd);
-            double nw = 0.0, ne = 0.0;
-            for (int64_t k = 0; k < n_embd; ++k) {
-                nw += double(w[k]) * w[k];
-                ne += (double(w[k]) - a[k]) * (double(w[k]) - a[k]);
-            }
-            // rounded up, so the bound stays one
-            norm_[i] = float(std::sqrt(nw) * (1.0 + 1e-6));
-            err_[i] = float(std::sqrt(ne) * (1.0 + 1e-6));
+    each_row(copy.data(), [&](int64_t i, const float * w, const float * a) {
+        double nw = 0.0, ne = 0.0;
+        for (int64_t k = 0; k < n_embd; ++k) {
+            nw += double(w[k]) * w[k];
+            ne += (double(w[k]) - a[k]) * (double(w[k]) - a[k]);
         }
+        // rounded up, so the bound stays one
+        norm_[i] = float(std::sqrt(nw) * (1.0 + 1e-6));
+        err_[i] = float(std::sqrt(ne) * (1.0 + 1e-6));
     });
     weight_buf_ = ggml_backend_alloc_ctx_tensors_from_buft(weight_ctx_, buft);
     ggml_backend_tensor_set(copy_, copy.data(), 0, copy.size());  // repacks it
@@ -228,20 +238,13 @@ void exact_head::focus(const float * hidden, int64_t n) {
     std::vector<char> in_focus(size_t(n_embd), 0);
     for (int32_t d : dims) in_focus[d] = 1;
     std::vector<float> focus_err(size_t(n_vocab_ * F)), rest_err(static_cast<size_t>(n_vocab_));
-    const auto to_float = ggml_get_type_traits(type_)->to_float;
-    in_parallel(n_vocab_, n_threads_, [&](int64_t first, int64_t last) {
-        std::vector<float> w(n_embd), a(n_embd);
-        std::vector<uint8_t> q(ggml_row_size(COPY_TYPE, n_embd));
-        for (int64_t i = first; i < last; ++i) {
-            to_float(weights_ + i * row_bytes_, w.data(), n_embd);
-            copied(w.data(), q.data(), a.data(), n_embd);
-            double rest = 0.0;
-            for (int64_t k = 0; k < n_embd; ++k) {
-                if (!in_focus[k]) rest += (double(w[k]) - a[k]) * (double(w[k]) - a[k]);
-            }
-            for (int64_t j = 0; j < F; ++j) focus_err[i * F + j] = w[dims[j]] - a[dims[j]];
-            rest_err[i] = float(std::sqrt(rest) * (1.0 + 1e-6));  // rounded up, so the bound stays one
+    each_row(nullptr, [&](int64_t i, const float * w, const float * a) {
+        double rest = 0.0;
+        for (int64_t k = 0; k < n_embd; ++k) {
+            if (!in_focus[k]) rest += (double(w[k]) - a[k]) * (double(w[k]) - a[k]);
         }
+        for (int64_t j = 0; j < F; ++j) focus_err[i * F + j] = w[dims[j]] - a[dims[j]];
+        rest_err[i] = float(std::sqrt(rest) * (1.0 + 1e-6));  // rounded up, so the bound stays one
     });
     focus_dims_ = std::move(dims);
     focus_err_ = std::move(focus_err);

@@ -70,6 +70,7 @@ public:
 private:
     void release();
     void build_copy(ggml_backend_buffer_type_t buft);
+    template <typename F> void each_row(uint8_t * copy, F f) const;
     void time_rows();
     int32_t decide(const float * h, const float * approx);
 
