@@ -19,6 +19,17 @@ namespace {
 
 constexpr ggml_type COPY_TYPE = GGML_TYPE_Q4_0;
 
+// The rows a row's argmax reads are scattered over the file's matrix and cold after a forward:
+// each is asked for from memory this many candidates before it is read.
+constexpr size_t PREFETCH_AHEAD = 8;
+void prefetch_row(const void * row, size_t bytes) {
+    for (size_t at = 0; at < bytes; at += 64) __builtin_prefetch(static_cast<const char *>(row) + at);
+}
+// From this many candidates the exact rows are split over the head's threads (from 1,024 or
+// 2,048 a second thread was no faster at the mean and slower in the tail: a thread started per
+// row costs what it saves).
+constexpr size_t PARALLEL_FROM = 4096;
+
 // Run f(first, last) over [0, n) in n_threads pieces.
 template <typename F> void in_parallel(int64_t n, int32_t n_threads, F f) {
     std::vector<std::thread> threads;
@@ -223,30 +234,30 @@ size_t exact_head::extra_bytes() const {
     return ggml_nbytes(copy_) + (norm_.size() + err_.size() + focus_err_.size() + rest_err_.size()) * sizeof(float);
 }
 
-void exact_head::focus(const float * hidden, int64_t n) {
-    const int64_t n_embd = n_embd_, F = FOCUS_DIMS;
-    if (!focus_dims_.empty() || n <= 0 || n_embd <= F) return;
+void exact_head::focus(const float * hidden, int64_t n, int32_t dims) {
+    const int64_t n_embd = n_embd_, F = dims;
+    if (!focus_dims_.empty() || n <= 0 || F <= 0 || F % LANES || n_embd <= F) return;
     std::vector<double> energy(size_t(n_embd), 0.0);
     for (int64_t r = 0; r < n; ++r) {
         for (int64_t k = 0; k < n_embd; ++k) energy[k] += double(hidden[r * n_embd + k]) * hidden[r * n_embd + k];
     }
-    std::vector<int32_t> dims(static_cast<size_t>(n_embd));
-    std::iota(dims.begin(), dims.end(), 0);
-    std::partial_sort(dims.begin(), dims.begin() + F, dims.end(), [&](int32_t a, int32_t b) { return energy[a] > energy[b]; });
-    dims.resize(size_t(F));
-    std::sort(dims.begin(), dims.end());
+    std::vector<int32_t> chosen(static_cast<size_t>(n_embd));
+    std::iota(chosen.begin(), chosen.end(), 0);
+    std::partial_sort(chosen.begin(), chosen.begin() + F, chosen.end(), [&](int32_t a, int32_t b) { return energy[a] > energy[b]; });
+    chosen.resize(size_t(F));
+    std::sort(chosen.begin(), chosen.end());
     std::vector<char> in_focus(size_t(n_embd), 0);
-    for (int32_t d : dims) in_focus[d] = 1;
+    for (int32_t d : chosen) in_focus[d] = 1;
     std::vector<float> focus_err(size_t(n_vocab_ * F)), rest_err(static_cast<size_t>(n_vocab_));
     each_row(nullptr, [&](int64_t i, const float * w, const float * a) {
         double rest = 0.0;
         for (int64_t k = 0; k < n_embd; ++k) {
             if (!in_focus[k]) rest += (double(w[k]) - a[k]) * (double(w[k]) - a[k]);
         }
-        for (int64_t j = 0; j < F; ++j) focus_err[i * F + j] = w[dims[j]] - a[dims[j]];
+        for (int64_t j = 0; j < F; ++j) focus_err[i * F + j] = w[chosen[j]] - a[chosen[j]];
         rest_err[i] = float(std::sqrt(rest) * (1.0 + 1e-6));  // rounded up, so the bound stays one
     });
-    focus_dims_ = std::move(dims);
+    focus_dims_ = std::move(chosen);
     focus_err_ = std::move(focus_err);
     rest_err_ = std::move(rest_err);
 }
@@ -254,24 +265,37 @@ void exact_head::focus(const float * hidden, int64_t n) {
 // Of the candidates, those a second bound still lets reach `reach`: of the error term
 // (W_i - A_i) . h0, the focus dimensions' part is computed and the rest bounded by its norms,
 // |E_i . h0| <= |E_i,S . h0_S| + |E_i,rest| |h0_rest|, and another rounding of h0 (halfway)
-// moves it by at most |E_i| halfway. (A float difference E_i,S is off by 2^-24 of it, far
-// inside the slack.)
+// moves it by at most |E_i| halfway. The focus part is summed in float, LANES at a time (which
+// the compiler vectorizes; a double sum it keeps in order): a float sum of F products is off by at most
+// (F + 1) 2^-24 sum |e_j h_j| <= (F + 1) 2^-24 |E_i| |h0|, added to the bound; so is the float
+// difference E_i,S's 2^-24 of itself.
 std::vector<int32_t> exact_head::narrowed(const float * approx, const std::vector<int32_t> & candidates,
                                           const std::vector<float> & h0, double halfway, double slack,
                                           float alpha, float reach) const {
-    const int64_t F = FOCUS_DIMS;
-    std::vector<double> h_focus(static_cast<size_t>(F));
-    double rest = 0.0;
+    const int64_t F = int64_t(focus_dims_.size());
+    std::vector<float> h_focus(static_cast<size_t>(F));
+    double rest = 0.0, norm = 0.0;
     for (int64_t k = 0, j = 0; k < n_embd_; ++k) {
         if (j < F && focus_dims_[j] == k) h_focus[j++] = h0[k];
         else rest += double(h0[k]) * h0[k];
+        norm += double(h0[k]) * h0[k];
     }
-    const double beta_rest = (std::sqrt(rest) + slack) * (1.0 + 1e-5), gamma = (halfway + slack) * (1.0 + 1e-5);
+    const double rounding = double(F + 3) * std::ldexp(1.0, -24) * std::sqrt(norm);
+    const double beta_rest = (std::sqrt(rest) + slack) * (1.0 + 1e-5);
+    const double gamma = (halfway + slack + rounding) * (1.0 + 1e-5);
     std::vector<int32_t> kept;
-    for (int32_t i : candidates) {
+    for (size_t k = 0; k < candidates.size(); ++k) {
+        const int32_t i = candidates[k];
+        if (k + PREFETCH_AHEAD < candidates.size()) {
+            prefetch_row(focus_err_.data() + int64_t(candidates[k + PREFETCH_AHEAD]) * F, F * sizeof(float));
+        }
         const float * e = focus_err_.data() + int64_t(i) * F;
+        float lanes[LANES] = {};
+        for (int64_t j = 0; j < F; j += LANES) {
+            for (int l = 0; l < LANES; ++l) lanes[l] += e[j + l] * h_focus[size_t(j + l)];
+        }
         double s = 0.0;
-        for (int64_t j = 0; j < F; ++j) s += e[j] * h_focus[j];
+        for (float v : lanes) s += v;
         const double bound = double(approx[i]) + double(norm_[i]) * alpha + double(err_[i]) * gamma +
                              double(rest_err_[i]) * beta_rest + std::fabs(s) * (1.0 + 1e-5);
         if (bound >= reach) kept.push_back(i);
@@ -319,7 +343,9 @@ void exact_head::approximate(head_batch & rows, const float * hidden, int64_t n)
 int32_t exact_head::token(head_batch & rows, int64_t j) {
     if (j < 0 || j >= rows.n) return -1;
     if (rows.tokens[j] == -2) {
+        const auto t0 = std::chrono::steady_clock::now();
         rows.tokens[j] = decide(rows.hidden + j * n_embd_, rows.logits + j * n_vocab_);
+        decide_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         ++this->rows;
     }
     return rows.tokens[j];
@@ -374,13 +400,14 @@ int32_t exact_head::decide(const float * h, const float * approx) {
     rescored += int64_t(candidates.size());
     // The candidates computed exactly: on every thread where they are many (an unsure row's
     // can be a tenth of the vocabulary), each thread's best then the best of those.
-    const int32_t n_parts = candidates.size() > 4096 ? n_threads_ : 1;
+    const int32_t n_parts = candidates.size() > PARALLEL_FROM ? n_threads_ : 1;
     std::vector<std::pair<float, int32_t>> best(size_t(n_parts), {first_logit, first});
     const int64_t part = std::max<int64_t>(1, (int64_t(candidates.size()) + n_parts - 1) / n_parts);  // in_parallel's
     in_parallel(int64_t(candidates.size()), n_parts, [&](int64_t a, int64_t b) {
         auto & mine = best[size_t(a / part)];
         for (int64_t k = a; k < b; ++k) {
             const int32_t i = candidates[size_t(k)];
+            if (k + int64_t(PREFETCH_AHEAD) < b) prefetch_row(weights_ + candidates[size_t(k) + PREFETCH_AHEAD] * row_bytes_, row_bytes_);
             const float v = exact(i);
             if (v > mine.first || (v == mine.first && i < mine.second)) mine = {v, i};
         }

@@ -55,10 +55,11 @@ public:
     int32_t token(head_batch & rows, int64_t j);
     // The argmax of each of n rows into out[0..n) (tests, its own timing).
     void argmax(const float * hidden, int64_t n, int32_t * out);
-    // Learn from n hidden rows which FOCUS_DIMS dimensions carry the most energy, and keep each
-    // vocabulary row's error against the copy there (the second bound); once, the first call.
-    void focus(const float * hidden, int64_t n);
-    static constexpr int32_t FOCUS_DIMS = 32;
+    // Learn from n hidden rows which `dims` dimensions (a multiple of LANES) carry the most
+    // energy, and keep each vocabulary row's error against the copy there (the second bound);
+    // once, the first call.
+    void focus(const float * hidden, int64_t n, int32_t dims = FOCUS_DIMS);
+    static constexpr int32_t FOCUS_DIMS = 32, LANES = 8;
     // The logits llama.cpp computes for rows `ids` of one hidden row (its start's check, tests).
     void exact_logits(const float * hidden, const int32_t * ids, int64_t n, float * out) const;
 
@@ -66,6 +67,7 @@ public:
     size_t  extra_bytes() const;  // the 4-bit copy and the bounds' norms
     double  full_ms = 0.0, approx_ms = 0.0;  // one row's head each way, measured at build
     int64_t rows = 0, rescored = 0;           // rows decided, candidates computed exactly
+    double  decide_seconds = 0.0;             // deciding them (after the copy's matmul)
 
 private:
     void release();

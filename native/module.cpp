@@ -313,15 +313,17 @@ NB_MODULE(_native, m) {
                  return out;
              }, "hidden"_a, "Each row's argmax (-1: not a finite row).")
         .def("focus",
-             [](ls::exact_head & h, rows_in hidden) {
+             [](ls::exact_head & h, rows_in hidden, int32_t dims) {
                  if (hidden.shape(1) != size_t(h.n_embd())) throw nb::value_error("focus: rows of another width");
                  nb::gil_scoped_release release;
-                 h.focus(hidden.data(), int64_t(hidden.shape(0)));
-             }, "hidden"_a, "Learn the dimensions these rows' energy is in (once): a second, tighter bound.")
+                 h.focus(hidden.data(), int64_t(hidden.shape(0)), dims);
+             }, "hidden"_a, "dims"_a = ls::exact_head::FOCUS_DIMS,
+             "Learn the `dims` dimensions these rows' energy is in (once): a second, tighter bound.")
         .def_ro("full_ms", &ls::exact_head::full_ms)
         .def_ro("approx_ms", &ls::exact_head::approx_ms)
         .def_ro("rows", &ls::exact_head::rows)
         .def_ro("rescored", &ls::exact_head::rescored)
+        .def_ro("decide_seconds", &ls::exact_head::decide_seconds)
         .def_prop_ro("extra_bytes", &ls::exact_head::extra_bytes);
     nb::class_<ls::head_hook>(m, "HeadHook")
         .def(nb::init<ls::exact_head &>(), "head"_a, nb::keep_alive<1, 2>())
