@@ -266,21 +266,20 @@ void exact_head::focus(const float * hidden, int64_t n, int32_t dims) {
 // (W_i - A_i) . h0, the focus dimensions' part is computed and the rest bounded by its norms,
 // |E_i . h0| <= |E_i,S . h0_S| + |E_i,rest| |h0_rest|, and another rounding of h0 (halfway)
 // moves it by at most |E_i| halfway. The focus part is summed in float, LANES at a time (which
-// the compiler vectorizes; a double sum it keeps in order): a float sum of F products is off by at most
-// (F + 1) 2^-24 sum |e_j h_j| <= (F + 1) 2^-24 |E_i| |h0|, added to the bound; so is the float
-// difference E_i,S's 2^-24 of itself.
+// the compiler vectorizes; a double sum it keeps in order): a float sum of F products is off by
+// at most (F + 1) 2^-24 sum |e_j h_j| <= (F + 1) 2^-24 |E_i| |h0|, and the float difference
+// E_i,S by 2^-24 of itself: (F + 3) 2^-24 |E_i| |h0| is added to the bound (norm_h0 >= |h0|).
 std::vector<int32_t> exact_head::narrowed(const float * approx, const std::vector<int32_t> & candidates,
-                                          const std::vector<float> & h0, double halfway, double slack,
-                                          float alpha, float reach) const {
+                                          const std::vector<float> & h0, double norm_h0, double halfway,
+                                          double slack, float alpha, float reach) const {
     const int64_t F = int64_t(focus_dims_.size());
     std::vector<float> h_focus(static_cast<size_t>(F));
-    double rest = 0.0, norm = 0.0;
+    double rest = 0.0;
     for (int64_t k = 0, j = 0; k < n_embd_; ++k) {
         if (j < F && focus_dims_[j] == k) h_focus[j++] = h0[k];
         else rest += double(h0[k]) * h0[k];
-        norm += double(h0[k]) * h0[k];
     }
-    const double rounding = double(F + 3) * std::ldexp(1.0, -24) * std::sqrt(norm);
+    const double rounding = double(F + 3) * std::ldexp(1.0, -24) * norm_h0;
     const double beta_rest = (std::sqrt(rest) + slack) * (1.0 + 1e-5);
     const double gamma = (halfway + slack + rounding) * (1.0 + 1e-5);
     std::vector<int32_t> kept;
@@ -396,7 +395,7 @@ int32_t exact_head::decide(const float * h, const float * approx) {
     for (int64_t i = 0; i < n_vocab_; ++i) {
         if (approx[i] + norm_[i] * alpha + err_[i] * beta >= reach && i != first) candidates.push_back(int32_t(i));
     }
-    if (!focus_err_.empty()) candidates = narrowed(approx, candidates, h0, halfway, slack, alpha, reach);
+    if (!focus_err_.empty()) candidates = narrowed(approx, candidates, h0, norm_h0, halfway, slack, alpha, reach);
     rescored += int64_t(candidates.size());
     // The candidates computed exactly: on every thread where they are many (an unsure row's
     // can be a tenth of the vocabulary), each thread's best then the best of those.

@@ -87,8 +87,8 @@ private:
     std::vector<int32_t> focus_dims_;
     std::vector<float> focus_err_, rest_err_;
     std::vector<int32_t> narrowed(const float * approx, const std::vector<int32_t> & candidates,
-                                  const std::vector<float> & h0, double halfway, double slack,
-                                  float alpha, float reach) const;
+                                  const std::vector<float> & h0, double norm_h0, double halfway,
+                                  double slack, float alpha, float reach) const;
     ggml_backend_t backend_ = nullptr;
     ggml_context * weight_ctx_ = nullptr;
     ggml_backend_buffer_t weight_buf_ = nullptr;

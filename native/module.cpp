@@ -315,6 +315,7 @@ NB_MODULE(_native, m) {
         .def("focus",
              [](ls::exact_head & h, rows_in hidden, int32_t dims) {
                  if (hidden.shape(1) != size_t(h.n_embd())) throw nb::value_error("focus: rows of another width");
+                 if (dims <= 0 || dims % ls::exact_head::LANES) throw nb::value_error("focus: dims must be a positive multiple of 8");
                  nb::gil_scoped_release release;
                  h.focus(hidden.data(), int64_t(hidden.shape(0)), dims);
              }, "hidden"_a, "dims"_a = ls::exact_head::FOCUS_DIMS,

@@ -68,10 +68,7 @@ def test_every_rows_argmax_is_the_whole_layers(which, qwen_path, q6k_path, head_
         assert head.rescored - first_bound < first_bound / 2
         assert head.decide_seconds > 0
         # ... on more dimensions too (bench/s56/head_dims.py.txt weighs them), a head of its own
-        out = next(t for t in gguf.read_header(path).tensors if t.name == "output.weight")
-        weights = np.memmap(path, mode="r")
-        wider = _native.ExactHead(weights.ctypes.data + gguf.read_header(path).data_start + out.offset, out.type,
-                                  model.n_embd, model.n_vocab, 2)
+        wider, _ = model.build_head(2)
         wider.focus(hidden[:4], 64)
         assert wider.argmax(hidden) == want
         assert wider.rescored < first_bound / 2

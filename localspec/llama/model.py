@@ -143,6 +143,7 @@ class Model:
         self._piece_cache: dict[int, bytes] = {}
         self._eog = frozenset(_native.eog_tokens(ptr))  # asked of every token generated
         self._head: tuple[_native.ExactHead | None, str] | None = None  # see exact_head()
+        self._weights: np.memmap | None = None  # the file, mapped for the heads' rows (build_head)
 
     def close(self) -> None:
         if self.ptr:
@@ -155,14 +156,16 @@ class Model:
         of a type the head reproduces exactly, and where its 4-bit copy runs in HEAD_PAYS of
         the full layer's time or less (measured as it is built). None otherwise; `head_note` says why."""
         if self._head is None:
-            self._head = self._build_head(threads)
+            self._head = self.build_head(threads)
         return self._head[0]
 
     @property
     def head_note(self) -> str:
         return self._head[1] if self._head else "not asked for"
 
-    def _build_head(self, threads: int) -> tuple[_native.ExactHead | None, str]:
+    def build_head(self, threads: int) -> tuple[_native.ExactHead | None, str]:
+        """A new head and its note (exact_head() keeps the first; another one is for comparing
+        settings side by side, bench/s56/head_dims.py.txt)."""
         if self.n_gpu_layers > 0 or self.rpc or rpc_module.connected():
             return None, "the output layer may run off this CPU"
         if self.recurrent:  # (llama.cpp may reorder a recurrent model's outputs)
@@ -171,7 +174,8 @@ class Model:
         out = next((t for t in header.tensors if t.name == "output.weight"), None)
         if out is None or out.shape != (self.n_embd, self.n_vocab):
             return None, "no output matrix of its own"
-        self._weights = np.memmap(self.path, mode="r")  # the head reads its rows from here
+        if self._weights is None:  # mapped once: a second head must not unmap the first's rows
+            self._weights = np.memmap(self.path, mode="r")
         try:
             head = _native.ExactHead(self._weights.ctypes.data + header.data_start + out.offset, out.type,
                                      self.n_embd, self.n_vocab, threads)
