@@ -17,8 +17,6 @@ namespace ls {
 
 namespace {
 
-constexpr ggml_type COPY_TYPE = GGML_TYPE_Q4_0;
-
 // The rows a row's argmax reads are scattered over the file's matrix and cold after a forward:
 // each is asked for from memory this many candidates before it is read.
 constexpr size_t PREFETCH_AHEAD = 8;
@@ -51,16 +49,17 @@ void dequantized(ggml_type type, const uint8_t * q, int64_t n, float * out) {
     for (int64_t i = 0; i < n; ++i) out[i] = blocks[i / 256].d * blocks[i / 256].qs[i % 256];
 }
 
-// How far a Q8_0 quantization of x other than ggml_quantize's could land: both round x / d to
-// the nearest integer (d = the block's largest magnitude / 127), and only a value halfway
-// between two integers may go either way, by one step d.
-double halfway_radius(const float * x, int64_t n) {
+// How far another of ggml's quantizations of x to Q8_0 or Q8_K (blocks of `block`) could land
+// from the one computed here (the copy's matmul quantizes a batch of four rows with a function
+// of its own): each rounds x / d to the nearest integer (d = the block's largest magnitude /
+// 127), and only a value halfway between two integers may go either way, by one step d.
+double halfway_radius(const float * x, int64_t n, int64_t block) {
     double sum = 0.0;
-    for (int64_t b = 0; b + 32 <= n; b += 32) {
+    for (int64_t b = 0; b + block <= n; b += block) {
         float amax = 0.0f;
-        for (int64_t i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+        for (int64_t i = b; i < b + block; ++i) amax = std::max(amax, std::fabs(x[i]));
         const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
-        for (int64_t i = b; i < b + 32; ++i) {
+        for (int64_t i = b; i < b + block; ++i) {
             const float v = x[i] * id;
             if (std::fabs(v - std::floor(v) - 0.5f) < 1e-3f) sum += 1.002 * double(d) * d;
         }
@@ -68,10 +67,20 @@ double halfway_radius(const float * x, int64_t n) {
     return std::sqrt(sum);
 }
 
-// w as the 4-bit copy holds it: quantized into q (a row of the copy's type), then back into a.
-void copied(const float * w, uint8_t * q, float * a, int64_t n) {
-    ggml_quantize_chunk(COPY_TYPE, w, q, 0, 1, n, nullptr);
-    ggml_get_type_traits(COPY_TYPE)->to_float(q, a, n);
+// w as a 4-bit copy of `type` holds it: quantized into q (a row of that type), then back into a.
+void copied(ggml_type type, const float * w, uint8_t * q, float * a, int64_t n) {
+    ggml_quantize_chunk(type, w, q, 0, 1, n, nullptr);
+    ggml_get_type_traits(type)->to_float(q, a, n);
+}
+
+// The copy's type: a 4-bit one whose matmul quantizes h as the exact type's vec_dot does (Q4_K
+// for Q8_K, Q4_0 for Q8_0), so that the approximate and exact logits see the same h and differ
+// only by the weights (a third of the candidates Q4_0 leaves a Q6_K matrix on a 1.5B's rows);
+// else Q4_0.
+ggml_type copy_type_for(ggml_type type, ggml_type dot_type, int64_t n_embd) {
+    const ggml_type matched = dot_type == GGML_TYPE_Q8_K ? GGML_TYPE_Q4_K : GGML_TYPE_Q4_0;
+    if (matched != type && n_embd % ggml_blck_size(matched) == 0) return matched;
+    return GGML_TYPE_Q4_0;
 }
 
 double distance(const float * a, const float * b, int64_t n) {  // b null: a's norm
@@ -109,16 +118,22 @@ ggml_backend_buffer_type_t repacked_type(ggml_backend_t backend, ggml_tensor * w
 
 }  // namespace
 
-exact_head::exact_head(const uint8_t * weights, ggml_type type, int64_t n_embd, int64_t n_vocab, int32_t n_threads)
+exact_head::exact_head(const uint8_t * weights, ggml_type type, int64_t n_embd, int64_t n_vocab, int32_t n_threads,
+                       int32_t copy_type)
     : weights_(weights), type_(type), n_embd_(n_embd), n_vocab_(n_vocab) {
     const auto * cpu = ggml_get_type_traits_cpu(type);
     const auto * traits = ggml_get_type_traits(type);
     dot_type_ = cpu->vec_dot_type;
+    copy_type_ = copy_type < 0 ? copy_type_for(type, dot_type_, n_embd) : ggml_type(copy_type);
+    if (copy_type_ != GGML_TYPE_Q4_0 && copy_type_ != GGML_TYPE_Q4_K) {
+        throw std::invalid_argument("the copy is Q4_0 or Q4_K");
+    }
+    copy_dot_type_ = ggml_get_type_traits_cpu(copy_type_)->vec_dot_type;
     if (!cpu->vec_dot || cpu->nrows != 1 || !traits->to_float ||
-        (dot_type_ != GGML_TYPE_Q8_K && dot_type_ != GGML_TYPE_Q8_0) || type == COPY_TYPE) {
+        (dot_type_ != GGML_TYPE_Q8_K && dot_type_ != GGML_TYPE_Q8_0) || type == copy_type_) {
         throw std::invalid_argument(std::string("no exact head for an output layer of type ") + ggml_type_name(type));
     }
-    if (n_embd % ggml_blck_size(dot_type_) || n_embd % ggml_blck_size(COPY_TYPE) || n_vocab <= 0) {
+    if (n_embd % ggml_blck_size(dot_type_) || n_embd % ggml_blck_size(copy_type_) || n_vocab <= 0) {
         throw std::invalid_argument("no exact head for rows of this width");
     }
     row_bytes_ = ggml_row_size(type, n_embd);
@@ -127,7 +142,7 @@ exact_head::exact_head(const uint8_t * weights, ggml_type type, int64_t n_embd, 
     backend_ = ggml_backend_cpu_init();
     ggml_backend_cpu_set_n_threads(backend_, n_threads);
     weight_ctx_ = ggml_init({ggml_tensor_overhead() * 4, nullptr, true});
-    copy_ = ggml_new_tensor_2d(weight_ctx_, COPY_TYPE, n_embd, n_vocab);
+    copy_ = ggml_new_tensor_2d(weight_ctx_, copy_type_, n_embd, n_vocab);
     ggml_backend_buffer_type_t buft = repacked_type(backend_, copy_, weight_ctx_);
     if (!buft) {
         release();
@@ -142,14 +157,15 @@ exact_head::exact_head(const uint8_t * weights, ggml_type type, int64_t n_embd, 
 // 4-bit copy's (quantized into copy's row i, or a scratch row where copy is null).
 template <typename F> void exact_head::each_row(uint8_t * copy, F f) const {
     const int64_t n_embd = n_embd_;
-    const size_t copy_row = ggml_row_size(COPY_TYPE, n_embd);
+    const size_t copy_row = ggml_row_size(copy_type_, n_embd);
+    const ggml_type copy_type = copy_type_;
     const auto to_float = ggml_get_type_traits(type_)->to_float;
     in_parallel(n_vocab_, n_threads_, [&](int64_t first, int64_t last) {
         std::vector<float> w(n_embd), a(n_embd);
         std::vector<uint8_t> scratch(copy ? 0 : copy_row);
         for (int64_t i = first; i < last; ++i) {
             to_float(weights_ + i * row_bytes_, w.data(), n_embd);
-            copied(w.data(), copy ? copy + i * copy_row : scratch.data(), a.data(), n_embd);
+            copied(copy_type, w.data(), copy ? copy + i * copy_row : scratch.data(), a.data(), n_embd);
             f(i, w.data(), a.data());
         }
     });
@@ -158,7 +174,7 @@ template <typename F> void exact_head::each_row(uint8_t * copy, F f) const {
 // The copy, and each row's norm and distance from it, in double.
 void exact_head::build_copy(ggml_backend_buffer_type_t buft) {
     const int64_t n_embd = n_embd_, n_vocab = n_vocab_;
-    const size_t copy_row = ggml_row_size(COPY_TYPE, n_embd);
+    const size_t copy_row = ggml_row_size(copy_type_, n_embd);
     std::vector<uint8_t> copy(copy_row * n_vocab);
     norm_.resize(n_vocab);
     err_.resize(n_vocab);
@@ -359,22 +375,27 @@ void exact_head::argmax(const float * hidden, int64_t n, int32_t * out) {
 
 // A row's exact argmax from its approximate logits. The exact logit of row i is W_i . hq (hq:
 // h as the exact type's vec_dot quantizes it, the very function llama.cpp's matmul calls), the
-// approximate one A_i . h0 (h0: h as the copy's matmul quantizes it, Q8_0), and
+// approximate one A_i . h0 (h0: h as the copy's matmul quantizes it: hq itself where the copy's
+// vec_dot type is the exact type's), and
 //   W_i . hq - A_i . h0 = W_i . (hq - h0) + (W_i - A_i) . h0,
 // so they differ by at most |W_i| |hq - h0| + |W_i - A_i| |h0| (each norm computed here, h0's
-// widened by where another Q8_0 rounding could differ), plus float rounding, far below the
-// 1e-4 relative slack added. Only rows whose bound reaches the exact logit of the approximate
-// argmax can be the argmax: those are computed exactly, the lowest id winning a tie.
+// widened by where another rounding of the copy's quantization could differ), plus float
+// rounding, far below the 1e-4 relative slack added. Only rows whose bound reaches the exact
+// logit of the approximate argmax can be the argmax: those are computed exactly, the lowest id
+// winning a tie.
 int32_t exact_head::decide(const float * h, const float * approx) {
-    const auto * cpu_q = ggml_get_type_traits_cpu(dot_type_);
-    const auto * cpu_0 = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0);
     std::vector<float> hq(n_embd_), h0(n_embd_);
-    std::vector<uint8_t> q0(ggml_row_size(GGML_TYPE_Q8_0, n_embd_)), quantized(ggml_row_size(dot_type_, n_embd_));
-    cpu_q->from_float(h, quantized.data(), n_embd_);
+    std::vector<uint8_t> quantized(ggml_row_size(dot_type_, n_embd_));
+    ggml_get_type_traits_cpu(dot_type_)->from_float(h, quantized.data(), n_embd_);
     dequantized(dot_type_, quantized.data(), n_embd_, hq.data());
-    cpu_0->from_float(h, q0.data(), n_embd_);
-    dequantized(GGML_TYPE_Q8_0, q0.data(), n_embd_, h0.data());
-    const double halfway = halfway_radius(h, n_embd_);
+    if (copy_dot_type_ == dot_type_) {
+        h0 = hq;
+    } else {
+        std::vector<uint8_t> q0(ggml_row_size(copy_dot_type_, n_embd_));
+        ggml_get_type_traits_cpu(copy_dot_type_)->from_float(h, q0.data(), n_embd_);
+        dequantized(copy_dot_type_, q0.data(), n_embd_, h0.data());
+    }
+    const double halfway = halfway_radius(h, n_embd_, ggml_blck_size(copy_dot_type_));
     const double apart = distance(hq.data(), h0.data(), n_embd_) + halfway;
     const double norm_h0 = distance(h0.data(), nullptr, n_embd_) + halfway;
     if (!std::isfinite(apart) || !std::isfinite(norm_h0)) return -1;
@@ -392,8 +413,20 @@ int32_t exact_head::decide(const float * h, const float * approx) {
     if (!std::isfinite(first_logit)) return -1;
     const float reach = first_logit - 1e-6f;
     std::vector<int32_t> candidates;
-    for (int64_t i = 0; i < n_vocab_; ++i) {
-        if (approx[i] + norm_[i] * alpha + err_[i] * beta >= reach && i != first) candidates.push_back(int32_t(i));
+    auto reaches = [&](int64_t i) { return approx[i] + norm_[i] * alpha + err_[i] * beta >= reach; };
+    // A few hundred of 152k rows pass: each run of LANES rows is asked at once (a branch-free
+    // test the compiler vectorizes), and its rows one by one only where one passes.
+    int64_t i = 0;
+    for (; i + LANES <= n_vocab_; i += LANES) {
+        bool any = false;
+        for (int l = 0; l < LANES; ++l) any |= reaches(i + l);
+        if (!any) continue;
+        for (int64_t k = i; k < i + LANES; ++k) {
+            if (reaches(k) && k != first) candidates.push_back(int32_t(k));
+        }
+    }
+    for (; i < n_vocab_; ++i) {
+        if (reaches(i) && i != first) candidates.push_back(int32_t(i));
     }
     if (!focus_err_.empty()) candidates = narrowed(approx, candidates, h0, norm_h0, halfway, slack, alpha, reach);
     rescored += int64_t(candidates.size());

@@ -3,10 +3,13 @@
 // The output layer (the LM head) is a fifth of a plain step of Qwen2.5-Coder-1.5B on a CPU:
 // its Q6_K matrix, 151,936 rows, is read for every token (6.5 ms of 33). Greedy decoding and
 // greedy verification need only each row's argmax. So the head stops llama.cpp's graph at the
-// final norm (result_norm) and runs a 4-bit copy of the matrix instead (Q4_0 in ggml's
-// repacked layout: about half the time), bounds every row's distance from the exact logit,
-// and computes exactly, with ggml's own vec_dot on the file's rows as llama.cpp's matmul does,
+// final norm (result_norm) and runs a 4-bit copy of the matrix instead (in ggml's repacked
+// layout: about half the time), bounds every row's distance from the exact logit, and
+// computes exactly, with ggml's own vec_dot on the file's rows as llama.cpp's matmul does,
 // only the rows that could still be the largest (a few dozen): the same token, bit for bit.
+// The copy's type is the one whose matmul quantizes the hidden row as the exact type's
+// vec_dot does (Q4_K for a Q6_K layer, Q4_0 for Q8_0), so the bound holds only the weights'
+// error: on a 1.5B's rows a tenth of the rows a Q4_0 copy of its Q6_K layer leaves.
 // Hidden states carry much of their energy in a few dimensions (a 1.5B's 32 largest: about
 // 40%), where one row's error against its copy is best taken exactly: the rows the first bound
 // leaves are bounded again with those dimensions' errors kept (focus()), which leaves a
@@ -43,7 +46,9 @@ public:
     // `weights`: the output matrix as its GGUF stores it, n_vocab rows of n_embd of `type`,
     // mapped by the caller for the head's life. Throws std::invalid_argument where the head
     // cannot be exact or cannot pay (a type it does not know, no repacked 4-bit kernel).
-    exact_head(const uint8_t * weights, ggml_type type, int64_t n_embd, int64_t n_vocab, int32_t n_threads);
+    // `copy_type`: Q4_0 or Q4_K for the copy (comparisons); -1: the one that fits `type`.
+    exact_head(const uint8_t * weights, ggml_type type, int64_t n_embd, int64_t n_vocab, int32_t n_threads,
+               int32_t copy_type = -1);
     ~exact_head();
     exact_head(const exact_head &) = delete;
     exact_head & operator=(const exact_head &) = delete;
@@ -64,6 +69,7 @@ public:
     void exact_logits(const float * hidden, const int32_t * ids, int64_t n, float * out) const;
 
     int64_t n_embd() const { return n_embd_; }
+    int32_t copy_type() const { return copy_type_; }  // the copy's ggml type
     size_t  extra_bytes() const;  // the 4-bit copy and the bounds' norms
     double  full_ms = 0.0, approx_ms = 0.0;  // one row's head each way, measured at build
     int64_t rows = 0, rescored = 0;           // rows decided, candidates computed exactly
@@ -77,7 +83,7 @@ private:
     int32_t decide(const float * h, const float * approx);
 
     const uint8_t * weights_;
-    ggml_type type_, dot_type_;
+    ggml_type type_, dot_type_, copy_type_, copy_dot_type_;
     int64_t n_embd_, n_vocab_;
     size_t row_bytes_;
     int32_t n_threads_;

@@ -293,17 +293,18 @@ NB_MODULE(_native, m) {
         .def_prop_ro("attached", &ls::sampler_on_device::attached);
     nb::class_<ls::exact_head>(m, "ExactHead")
         .def("__init__", [](ls::exact_head * self, uintptr_t weights, int32_t type, int64_t n_embd, int64_t n_vocab,
-                            int32_t n_threads) {
+                            int32_t n_threads, int32_t copy_type) {
                  try {
                      nb::gil_scoped_release release;
                      new (self) ls::exact_head(reinterpret_cast<const uint8_t *>(weights), ggml_type(type), n_embd,
-                                               n_vocab, n_threads);
+                                               n_vocab, n_threads, copy_type);
                  } catch (const std::invalid_argument & e) {
                      throw nb::value_error(e.what());
                  }
-             }, "weights"_a, "type"_a, "n_embd"_a, "n_vocab"_a, "n_threads"_a,
+             }, "weights"_a, "type"_a, "n_embd"_a, "n_vocab"_a, "n_threads"_a, "copy_type"_a = -1,
              "The output layer's argmax without its full matmul (native/head.h); `weights`: the\n"
-             "address of its matrix as the GGUF stores it, kept mapped by the caller.")
+             "address of its matrix as the GGUF stores it, kept mapped by the caller; `copy_type`:\n"
+             "the 4-bit copy's ggml type (Q4_0 2, Q4_K 12; -1: the one that fits `type`).")
         .def("argmax",
              [](ls::exact_head & h, rows_in hidden) {
                  if (hidden.shape(1) != size_t(h.n_embd())) throw nb::value_error("argmax: rows of another width");
@@ -325,6 +326,7 @@ NB_MODULE(_native, m) {
         .def_ro("rows", &ls::exact_head::rows)
         .def_ro("rescored", &ls::exact_head::rescored)
         .def_ro("decide_seconds", &ls::exact_head::decide_seconds)
+        .def_prop_ro("copy_type", &ls::exact_head::copy_type)
         .def_prop_ro("extra_bytes", &ls::exact_head::extra_bytes);
     nb::class_<ls::head_hook>(m, "HeadHook")
         .def(nb::init<ls::exact_head &>(), "head"_a, nb::keep_alive<1, 2>())

@@ -25,6 +25,7 @@ from localspec.sampling import SamplingConfig
 from test_speculative import PROMPTS
 
 GREEDY = SamplingConfig(temperature=0.0)
+Q4_0, Q4_K = 2, 12  # ggml's type ids
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +73,16 @@ def test_every_rows_argmax_is_the_whole_layers(which, qwen_path, q6k_path, head_
         wider.focus(hidden[:4], 64)
         assert wider.argmax(hidden) == want
         assert wider.rescored < first_bound / 2
+        # The copy is the 4-bit type whose matmul quantizes h as the exact type's does (Q8_0's
+        # Q4_0, Q6_K's Q4_K); a Q4_0 copy of the Q6_K layer, whose h differs (Q8_0 against Q8_K;
+        # bench/s57/head_copy.py.txt), is exact too. (The 0.5B's rows, 896 wide, take no Q4_K.)
+        assert head.copy_type == (Q4_0 if which == "qwen" else Q4_K)
+        if which == "q6k":
+            other, note = model.build_head(2, Q4_0)
+            assert other is not None, note
+            other.focus(hidden[:4])
+            assert other.argmax(hidden) == want
+            assert other.rescored > head.rescored - first_bound  # its focused pass
 
 
 # "features": the context returns hidden states, as for a Jakiro drafter, and llama.cpp then

@@ -163,9 +163,10 @@ class Model:
     def head_note(self) -> str:
         return self._head[1] if self._head else "not asked for"
 
-    def build_head(self, threads: int) -> tuple[_native.ExactHead | None, str]:
+    def build_head(self, threads: int, copy_type: int = -1) -> tuple[_native.ExactHead | None, str]:
         """A new head and its note (exact_head() keeps the first; another one is for comparing
-        settings side by side, bench/s56/head_dims.py.txt)."""
+        settings side by side, bench/s56/head_dims.py.txt; `copy_type` a ggml type for its
+        copy, -1 the one that fits the output layer)."""
         if self.n_gpu_layers > 0 or self.rpc or rpc_module.connected():
             return None, "the output layer may run off this CPU"
         if self.recurrent:  # (llama.cpp may reorder a recurrent model's outputs)
@@ -178,7 +179,7 @@ class Model:
             self._weights = np.memmap(self.path, mode="r")
         try:
             head = _native.ExactHead(self._weights.ctypes.data + header.data_start + out.offset, out.type,
-                                     self.n_embd, self.n_vocab, threads)
+                                     self.n_embd, self.n_vocab, threads, copy_type)
         except ValueError as e:
             return None, str(e)
         if head.approx_ms > HEAD_PAYS * head.full_ms:
