@@ -27,7 +27,8 @@ LOOP_FORWARDS = 32  # ... over at least this many forwards
 
 def cache_key(ctx: Context) -> str:
     st = ctx.model.path.stat()
-    parts = ["v6", str(ctx.model.path.resolve()), str(st.st_size), str(st.st_mtime_ns), ll.__version__,
+    # "v7": what a curve times changed (the exact head's Q4_K copy, 2026-12-06)
+    parts = ["v7", str(ctx.model.path.resolve()), str(st.st_size), str(st.st_mtime_ns), ll.__version__,
              _native.system_info(), str(ctx.config.n_threads), ctx.config.flash_attn,
              ctx.config.kv_type, str(ctx.model.repack), str(ctx.model.n_gpu_layers), f"head {ctx.exact_head}",
              *ctx.model.rpc]  # over a network, the link shapes the curve
