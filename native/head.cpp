@@ -73,8 +73,9 @@ double halfway_radius(const float * x, int64_t n, int64_t block) {
 struct block_q4_K { ggml_fp16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; };
 
 // A row of Q4_K, quickly: each group's range from its least to its largest value (0 at least),
-// where ggml's own quantizer searches twenty scales a group (15 s for a 1.5B's output layer,
-// against 0.3 s). The copy need not be the closest: the bound takes its error as it is.
+// where ggml's own quantizer searches twenty scales a group (15 s for a 1.5B's output layer;
+// the head builds in about a second with this). The copy need not be the closest: the bound
+// takes its error as it is (on a 1.5B's rows 116 rows computed a row, against 75 with ggml's).
 void quantize_q4_K(const float * x, block_q4_K * y, int64_t n) {
     for (int64_t b = 0; b < n / 256; ++b, x += 256) {
         float scale[8], lift[8], max_scale = 0.0f, max_lift = 0.0f;  // a group: scale * q - lift
