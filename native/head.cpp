@@ -178,9 +178,11 @@ exact_head::exact_head(const uint8_t * weights, ggml_type type, int64_t n_embd, 
     const auto * traits = ggml_get_type_traits(type);
     dot_type_ = cpu->vec_dot_type;
     copy_type_ = copy_type < 0 ? copy_type_for(type, dot_type_, n_embd) : ggml_type(copy_type);
-    if ((copy_type_ != GGML_TYPE_Q4_0 && copy_type_ != GGML_TYPE_Q4_K) ||
-        ggml_type_size(GGML_TYPE_Q4_K) != sizeof(block_q4_K)) {  // (quantize_q4_K writes ggml's blocks)
+    if (copy_type_ != GGML_TYPE_Q4_0 && copy_type_ != GGML_TYPE_Q4_K) {
         throw std::invalid_argument("the copy is Q4_0 or Q4_K");
+    }
+    if (copy_type_ == GGML_TYPE_Q4_K && ggml_type_size(GGML_TYPE_Q4_K) != sizeof(block_q4_K)) {
+        throw std::invalid_argument("this ggml's Q4_K block is not the one the head writes");  // quantize_q4_K
     }
     copy_dot_type_ = ggml_get_type_traits_cpu(copy_type_)->vec_dot_type;
     if (!cpu->vec_dot || cpu->nrows != 1 || !traits->to_float ||
@@ -212,14 +214,13 @@ exact_head::exact_head(const uint8_t * weights, ggml_type type, int64_t n_embd, 
 template <typename F> void exact_head::each_row(uint8_t * copy, F f) const {
     const int64_t n_embd = n_embd_;
     const size_t copy_row = ggml_row_size(copy_type_, n_embd);
-    const ggml_type copy_type = copy_type_;
     const auto to_float = ggml_get_type_traits(type_)->to_float;
     in_parallel(n_vocab_, n_threads_, [&](int64_t first, int64_t last) {
         std::vector<float> w(n_embd), a(n_embd);
         std::vector<uint8_t> scratch(copy ? 0 : copy_row);
         for (int64_t i = first; i < last; ++i) {
             to_float(weights_ + i * row_bytes_, w.data(), n_embd);
-            copied(copy_type, w.data(), copy ? copy + i * copy_row : scratch.data(), a.data(), n_embd);
+            copied(copy_type_, w.data(), copy ? copy + i * copy_row : scratch.data(), a.data(), n_embd);
             f(i, w.data(), a.data());
         }
     });
