@@ -580,7 +580,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
         report.chart(configs, title, Path(cfg.chart))
         print(f"chart: {cfg.chart}")
     if traced:
-        report.trace_chart(trace, f"{traced.label} · {title}", Path(a.trace))
+        report.write_trace(trace, f"{traced.label} · {title}", Path(a.trace))
         print(f"trace: {a.trace}")
     engine.close()
     if interrupted:
@@ -724,7 +724,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--json", help="write the results here")
     b.add_argument("--chart", help="write a PNG chart here")
     b.add_argument("--trace", help="write a PNG of Cascade's utility and chosen arm per iteration "
-                   "(of the first auto drafter) here")
+                   "(of the first auto drafter) here; a .json name writes the iterations themselves "
+                   "(arm, phase, times, each node's predicted reach, what was accepted)")
     b.add_argument("--synthetic", metavar="RATES",
                    help="time the loop at a given acceptance, as llama.cpp's --spec-synth-rates: "
                    "per-position probabilities (0.9,0.7,0.5) or len=L (a mean accepted length); "

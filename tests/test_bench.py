@@ -7,18 +7,22 @@ import json
 from pathlib import Path
 import struct
 
+import numpy as np
 import pytest
 from conftest import RECORDED_CURVE
 
 from localspec.bench import workloads
 from localspec.bench.anchors import LLAMA_TOOLS, SERVER_CONFIGS, ServerAnchor, write_ngram_cache
+from localspec.bench import report
 from localspec.bench.report import speedup_interval
 from localspec.bench.runner import (Config, Learnt, Run, Step, bench_configs, finished_turns, run_bench, run_ours,
                                    warm_documents)
 from localspec.drafters.spec import DrafterSpec
 from localspec.errors import LocalspecError
 from localspec.engine import Engine, EngineConfig
+from localspec.loop import Iteration
 from localspec.sampling import SamplingConfig
+from localspec.verify import DraftTree
 
 from test_store_cli import localspec
 
@@ -215,12 +219,19 @@ def test_bench_plans_and_prices_on_another_machines_curve(small_path, tmp_path):
     r = localspec("bench", "-m", str(small_path), "--threads", "2", "--workload", "code-edit",
                   "--limit", "1", "--max-tokens", "24", "--drafter", "lookup", "--drafter", "auto:lookup",
                   "--curve", str(curve), "--draft-curve", str(curve), "--json", str(out),
-                  "--trace", str(tmp_path / "trace.png"), timeout=900)
+                  "--trace", str(tmp_path / "trace.json"), timeout=900)
     assert r.returncode == 0, r.stderr
     result = json.loads(out.read_text())
     plain, lookup, auto = result["configs"]
-    # Cascade's chart, with the iterations a sure copy ran outside it ("lookup", no K) too
-    assert (tmp_path / "trace.png").stat().st_size > 0 and auto["identical"] == 1
+    # Cascade's iterations (a .json trace; the chart's test is below), with those a sure copy
+    # ran outside it ("lookup", no K) too: every accepted token is a node of what was verified
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    iterations = [it for request in trace["requests"] for it in request]
+    assert auto["identical"] == 1 and len(trace["requests"]) == 1 and iterations
+    assert {it["arm"].split("@")[0] for it in iterations} <= {"prompt", "plain", "lookup"}
+    for it in iterations:
+        assert len(it["tree_reach"]) == len(it["tree_parents"]) == it["n_drafted"] < it["batch"]
+        assert len(it["accepted_nodes"]) == it["n_accepted"] <= it["n_drafted"]
     assert plain["projected_speedup"] == 1.0 and lookup["projected_speedup"] > 0
     # where the projected seconds go, adding up to the speedup (the same tokens, both runs)
     plain_ms, lookup_ms = plain["projected_ms"], lookup["projected_ms"]
@@ -231,6 +242,21 @@ def test_bench_plans_and_prices_on_another_machines_curve(small_path, tmp_path):
     assert result["meta"]["rows_read_on"] == "device"  # as the GPU whose curve it is reads them
     assert set(plain["ran"]) == {"plain"} and set(lookup["ran"]) == {"lookup"}  # iterations per arm
     assert "projected: every forward priced on the curve in" in r.stdout and "the drafters' forwards on" in r.stdout
+
+
+@pytest.mark.unit
+def test_a_trace_is_a_chart_or_the_iterations_with_the_path_verification_accepted(tmp_path):
+    """--trace writes a PNG, or with a .json name each iteration: of a tree (two branches),
+    the nodes its accepted tokens walk."""
+    tree = DraftTree(np.array([5, 6, 7, 8]), np.array([-1, -1, 1, 2]), np.array([0.5, 0.4, 0.3, 0.2]))
+    plain = Iteration("plain", "plain 1", None, [9], 0, 0, 0.03, DraftTree.empty(), 0.03)
+    drafted = Iteration("lookup@4", "set 2", "lookup", [6, 7, 1], 2, 4, 0.05, tree, 0.04, batch=5)
+    report.write_trace([[plain, drafted]], "t", tmp_path / "t.png")
+    report.write_trace([[plain, drafted]], "t", tmp_path / "t.json")
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+    (request,) = json.loads((tmp_path / "t.json").read_text())["requests"]
+    assert [it["accepted_nodes"] for it in request] == [[], [1, 2]]
+    assert request[1]["tree_reach"] == [0.5, 0.4, 0.3, 0.2] and request[1]["host_seconds"] == pytest.approx(0.01)
 
 
 @pytest.mark.unit

@@ -167,6 +167,41 @@ def _arm_and_k(it) -> tuple[str, int]:
     return (name, int(k)) if k else (f"{name} (sure)", it.batch - 1)
 
 
+def write_trace(requests: list[list], title: str, path: Path) -> None:
+    """The trace `--trace` asks for: a PNG chart, or with a .json name the iterations
+    themselves (per request, each iteration's arm, phase, times, what it drafted, the reach
+    predicted per node and what verification accepted), for a study of its own."""
+    if path.suffix.lower() == ".json":
+        trace_json(requests, title, path)
+    else:
+        trace_chart(requests, title, path)
+
+
+def accepted_nodes(it) -> list[int]:
+    """The tree's nodes verification accepted: the path its accepted tokens walk from the root."""
+    path, node = [], -1
+    for token in it.tokens[:it.n_accepted]:
+        node = next((i for i in range(node + 1, len(it.tree.tokens))
+                     if it.tree.parents[i] == node and it.tree.tokens[i] == token), None)
+        if node is None:
+            break
+        path.append(node)
+    return path
+
+
+def trace_json(requests: list[list], title: str, path: Path) -> None:
+    def record(it) -> dict:
+        return {"arm": it.arm, "phase": it.phase, "drafter": it.drafter, "batch": it.batch,
+                "n_past": it.n_past, "n_drafted": it.n_drafted, "n_accepted": it.n_accepted,
+                "n_emitted": len(it.tokens), "seconds": it.seconds, "forward_seconds": it.forward_seconds,
+                "draft_seconds": it.draft_seconds, "host_seconds": it.host_seconds,
+                "tree_parents": [int(p) for p in it.tree.parents],
+                "tree_reach": [round(float(r), 4) for r in it.tree.reach],
+                "accepted_nodes": accepted_nodes(it)}
+    data = {"title": title, "requests": [[record(it) for it in its] for its in requests]}
+    path.write_text(json.dumps(data))
+
+
 def trace_chart(requests: list[list], title: str, path: Path) -> None:
     """Cascade at work (as the paper's figures): per iteration, the utility of the trial or
     set phase it belonged to, and the arm it ran (K by drafter; plain at 0); requests side by
