@@ -177,18 +177,6 @@ def write_trace(requests: list[list], title: str, path: Path) -> None:
         trace_chart(requests, title, path)
 
 
-def accepted_nodes(it) -> list[int]:
-    """The tree's nodes verification accepted: the path its accepted tokens walk from the root."""
-    path, node = [], -1
-    for token in it.tokens[:it.n_accepted]:
-        node = next((i for i in range(node + 1, len(it.tree.tokens))
-                     if it.tree.parents[i] == node and it.tree.tokens[i] == token), None)
-        if node is None:
-            break
-        path.append(node)
-    return path
-
-
 def trace_json(requests: list[list], title: str, path: Path) -> None:
     def record(it) -> dict:
         return {"arm": it.arm, "phase": it.phase, "drafter": it.drafter, "batch": it.batch,
@@ -197,7 +185,7 @@ def trace_json(requests: list[list], title: str, path: Path) -> None:
                 "draft_seconds": it.draft_seconds, "host_seconds": it.host_seconds,
                 "tree_parents": [int(p) for p in it.tree.parents],
                 "tree_reach": [round(float(r), 4) for r in it.tree.reach],
-                "accepted_nodes": accepted_nodes(it)}
+                "accepted_nodes": it.tree.path(it.tokens[:it.n_accepted])[0]}  # the path they walk
     data = {"title": title, "requests": [[record(it) for it in its] for its in requests]}
     path.write_text(json.dumps(data))
 
