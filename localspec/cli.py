@@ -602,7 +602,7 @@ def bench_anchors(cfg: BenchConfig, specs: list[DrafterSpec], engine, docs: list
     return anchor_mod.make_anchors(list(cfg.anchors), engine.model.path,
                                    pull.resolve(draft or store.DEFAULT_DRAFT_MODEL),
                                    engine.cfg.n_ctx, engine.cfg.threads, lookup_cache,
-                                   engine.cfg.rpc, engine.model.n_gpu_layers)
+                                   engine.cfg.rpc, engine.model.n_gpu_layers, cfg.repeat)
 
 
 def bench_engine(a: argparse.Namespace, specs: list[DrafterSpec]):

@@ -12,7 +12,7 @@ import pytest
 from conftest import RECORDED_CURVE
 
 from localspec.bench import workloads
-from localspec.bench.anchors import LLAMA_TOOLS, SERVER_CONFIGS, ServerAnchor, write_ngram_cache
+from localspec.bench.anchors import LLAMA_TOOLS, SERVER_CONFIGS, ServerAnchor, make_anchors, write_ngram_cache
 from localspec.bench import report
 from localspec.bench.report import speedup_interval
 from localspec.bench.runner import (Config, Learnt, Run, Step, bench_configs, finished_turns, run_bench, run_ours,
@@ -168,6 +168,24 @@ def test_llama_servers_draft_configurations_speculate(qwen_path):
     with pytest.raises(LocalspecError, match="without speculative decoding"):
         ServerAnchor("draft model alone", qwen_path, qwen_path, 1024, 2,
                      ["--spec-type", "none", "--spec-draft-n-max", "3"])
+
+
+@pytest.mark.skipif(not (LLAMA_TOOLS / "llama-server").exists(), reason="scripts/build-llama-tools.sh not run")
+def test_each_repeat_of_an_anchor_that_learns_across_requests_runs_on_a_server_of_its_own(small_path, small_model):
+    """ngram-mod's pool keeps every prompt and answer its server saw: asked the same prompt
+    again, a server drafts from its own earlier answer. The bench's repeats of it each run on
+    a server of their own, so the second repeat runs as the first did, as ours do."""
+    [anchor] = make_anchors(["llama-server-ngram-mod"], small_path, None, 1024, 2, repeat=2)
+    tokens = small_model.tokenize('def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+                                  add_special=True, parse_special=False)
+    prompt = workloads.Prompt("p", "completion", "")
+    try:
+        first, second, again = (anchor.run(prompt, tokens, 128, SamplingConfig(), repeat=r)[0] for r in (0, 1, 0))
+    finally:
+        anchor.close()
+    assert not first.failed and first.n_tokens > 64
+    assert (second.n_tokens, second.drafted, second.accepted) == (first.n_tokens, first.drafted, first.accepted)
+    assert again.drafted > first.drafted  # the first server, asked again, drew on its pool
 
 
 @pytest.mark.unit

@@ -38,7 +38,7 @@ class PromptLookupAnchor:
                                    flash_attn=True, verbose=False,
                                    draft_model=LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens))
 
-    def run(self, p: Prompt, tokens: list[int], max_tokens: int, sampling: SamplingConfig):
+    def run(self, p: Prompt, tokens: list[int], max_tokens: int, sampling: SamplingConfig, repeat: int = 0):
         try:
             self.llm.reset()
             text, n, t_first = "", 0, None
@@ -77,6 +77,11 @@ NGRAM_CONFIGS = ["llama-server plain", "llama-server ngram-simple", "llama-serve
                  "llama-server ngram-cache"]
 SERVER_GROUPS = {"llama-server": list(SERVER_CONFIGS), "llama-server-ngram": NGRAM_CONFIGS}
 SERVER_CONFIGS |= FA_OFF
+# Its speculation that learns across requests: ngram-mod's hash pool and ngram-cache's context
+# cache keep every prompt and answer a server saw (common/speculative.cpp). A server asked the
+# same prompt again copies its own earlier answer (HumanEval/100 three times: 29, 38, 73
+# tokens/s), so `--repeat` runs each repeat of these on a server of its own (Replicas).
+LEARNS_ACROSS_REQUESTS = {"llama-server ngram-mod", "llama-server ngram-mod-fa-off", "llama-server ngram-cache"}
 
 
 def one_config(anchor: str) -> str:
@@ -157,7 +162,7 @@ class ServerAnchor:
             return all(slot.get("speculative") for slot in json.loads(r.read()))
 
     def run(self, p: Prompt, tokens: list[int], max_tokens: int, sampling: SamplingConfig,
-            ignore_eos: bool = False):
+            repeat: int = 0, ignore_eos: bool = False):
         body = {"prompt": tokens, "n_predict": max_tokens, "temperature": sampling.temperature,
                 "ignore_eos": ignore_eos,
                 "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
@@ -188,23 +193,55 @@ class ServerAnchor:
             self.proc.kill()
 
 
+class Replicas:
+    """One configuration on several servers, each repeat of a prompt on its own: for a
+    configuration that learns across requests, every repeat then runs as its first did (each
+    server saw the earlier prompts once, not this one), as every repeat of ours does (the
+    bench rolls its suffix store back), and the bench's median compares like with like."""
+
+    kind = "anchor"
+
+    def __init__(self, servers: list[ServerAnchor]):
+        self.servers = servers
+        self.name = servers[0].name
+
+    def run(self, p: Prompt, tokens: list[int], max_tokens: int, sampling: SamplingConfig, repeat: int = 0):
+        return self.servers[repeat % len(self.servers)].run(p, tokens, max_tokens, sampling)
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+
+
 def make_anchors(names: list[str], model_path: Path, draft_path: Path | None, n_ctx: int,
                  threads: int, lookup_cache: Path | None = None, rpc: tuple[str, ...] = (),
-                 n_gpu_layers: int = 0) -> list:
+                 n_gpu_layers: int = 0, repeat: int = 1) -> list:
     """`lookup_cache`: llama-server ngram-cache's dynamic cache (write_ngram_cache); `rpc`:
-    the rpc-servers that hold `n_gpu_layers` of the target's layers."""
-    anchors = []
-    for name in names:
-        if name == "llama-cpp-python":
-            anchors.append(PromptLookupAnchor(model_path, n_ctx, threads))
-        elif name in SERVER_GROUPS or one_config(name) in SERVER_CONFIGS:
-            for n in SERVER_GROUPS.get(name, [one_config(name)]):
-                extra = SERVER_CONFIGS[n]
-                if n == "llama-server ngram-cache" and lookup_cache is not None:
-                    extra = extra + ["-lcd", str(lookup_cache)]
-                anchors.append(ServerAnchor(n, model_path, draft_path, n_ctx, threads, extra, rpc,
-                                            n_gpu_layers))
-        else:
-            raise LocalspecError(f"unknown anchor '{name}' (llama-cpp-python, llama-server, llama-server-ngram, or "
-                                 "one configuration: llama-server-plain, llama-server-ngram-mod, ...)")
+    the rpc-servers that hold `n_gpu_layers` of the target's layers; `repeat`: the bench's
+    repeats, each of a configuration that learns across requests on its own server."""
+    anchors: list = []
+    started: list = []  # every server, closed if a later one fails to start
+    try:
+        for name in names:
+            if name == "llama-cpp-python":
+                anchors.append(PromptLookupAnchor(model_path, n_ctx, threads))
+                started.append(anchors[-1])
+            elif name in SERVER_GROUPS or one_config(name) in SERVER_CONFIGS:
+                for n in SERVER_GROUPS.get(name, [one_config(name)]):
+                    extra = SERVER_CONFIGS[n]
+                    if n == "llama-server ngram-cache" and lookup_cache is not None:
+                        extra = extra + ["-lcd", str(lookup_cache)]
+                    servers = []
+                    for _ in range(repeat if n in LEARNS_ACROSS_REQUESTS else 1):
+                        servers.append(ServerAnchor(n, model_path, draft_path, n_ctx, threads, extra, rpc,
+                                                    n_gpu_layers))
+                        started.append(servers[-1])
+                    anchors.append(Replicas(servers) if len(servers) > 1 else servers[0])
+            else:
+                raise LocalspecError(f"unknown anchor '{name}' (llama-cpp-python, llama-server, llama-server-ngram, "
+                                     "or one configuration: llama-server-plain, llama-server-ngram-mod, ...)")
+    except BaseException:
+        for anchor in started:
+            anchor.close()
+        raise
     return anchors

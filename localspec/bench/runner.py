@@ -253,8 +253,9 @@ def run_bench(engine: Engine, prompts: list[Prompt], configs: list[Config], max_
     The engine's suffix store (in memory) learns `warm` first; before each configuration runs
     a turn it is rolled back to what it held before the turn, and after the turn it learns
     plain decoding's answer once, as a user's store would. What the drafters learn from turn
-    to turn is each configuration's own (`Learnt`). Each configuration's runs grow a turn at a
-    time (interrupted: see finished_turns)."""
+    to turn is each configuration's own (`Learnt`); an anchor that learns across requests runs
+    each repeat on a server of its own (anchors.Replicas), which saw the earlier turns once.
+    Each configuration's runs grow a turn at a time (interrupted: see finished_turns)."""
     greedy = sampling.temperature <= 0
     plain = configs[0]
     anchor_of = {cfg.name: a for cfg, a in zip([c for c in configs if c.spec is None], anchors or [])}
@@ -283,7 +284,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], configs: list[Config], max_
                         runs[cfg.name].append(run_ours(engine, tokens, cfg.spec, max_tokens, sampling, hook)[::-1])
                         learnt.ran(cfg.name)
                     else:
-                        runs[cfg.name].append(anchor_of[cfg.name].run(p, tokens, max_tokens, sampling))
+                        runs[cfg.name].append(anchor_of[cfg.name].run(p, tokens, max_tokens, sampling, repeat=r))
             _, ref = runs["plain"][0]
             ref_text = engine.model.detokenize([t for t in ref if not engine.model.is_eog(t)])
             for cfg in configs:
