@@ -221,6 +221,8 @@ def test_bench_repeat_and_a_session_workload_from_the_command_line(small_path, t
     assert "median of 2" in r.stdout
     turns = result["configs"][1]["runs"]  # a session's turns in order, each with its own time
     assert len(turns) == len(result["configs"][0]["runs"]) >= 2 and all(t["seconds"] > 0 for t in turns)
+    # every repeat's time beside the median's: the lower middle of two is the slower
+    assert all(len(t["repeat_seconds"]) == 2 and t["seconds"] == max(t["repeat_seconds"]) for t in turns)
     assert len(result["meta"]["prompts"]) == 1
     assert result["meta"]["copy_ceiling"] >= 1.0 and "copy ceiling:" in r.stdout
     bad = localspec("bench", "-m", str(small_path), "--repeat", "0")

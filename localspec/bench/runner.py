@@ -51,6 +51,7 @@ class Run:
     ceiling: tuple[float, float] | None = None
     iterations: list[Step] = field(default_factory=list)  # after the prompt
     ran: dict[str, int] = field(default_factory=dict)  # iterations per arm (loop.Stats.ran)
+    repeats: list[float] = field(default_factory=list)  # every repeat's seconds, in the order run
 
 
 @dataclass
@@ -289,6 +290,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], configs: list[Config], max_
             ref_text = engine.model.detokenize([t for t in ref if not engine.model.is_eog(t)])
             for cfg in configs:
                 run, out = median_run(runs[cfg.name])
+                run.repeats = [r.seconds for r, _ in runs[cfg.name]]
                 if greedy and not run.failed:
                     run.identical = out == (ref if cfg.spec is not None else ref_text)
                     if cfg.spec is not None and not run.identical:
