@@ -162,7 +162,7 @@ class ServerAnchor:
             return all(slot.get("speculative") for slot in json.loads(r.read()))
 
     def run(self, p: Prompt, tokens: list[int], max_tokens: int, sampling: SamplingConfig,
-            repeat: int = 0, ignore_eos: bool = False):
+            ignore_eos: bool = False):
         body = {"prompt": tokens, "n_predict": max_tokens, "temperature": sampling.temperature,
                 "ignore_eos": ignore_eos,
                 "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
@@ -194,16 +194,16 @@ class ServerAnchor:
 
 
 class Replicas:
-    """One configuration on several servers, each repeat of a prompt on its own: for a
-    configuration that learns across requests, every repeat then runs as its first did (each
-    server saw the earlier prompts once, not this one), as every repeat of ours does (the
-    bench rolls its suffix store back), and the bench's median compares like with like."""
+    """One server configuration on a server per repeat where it learns across requests (else
+    on one): every repeat then runs as its first did (each server saw the earlier prompts
+    once, not this one), as every repeat of ours does (the bench rolls its suffix store back),
+    and the bench's median compares like with like."""
 
     kind = "anchor"
 
-    def __init__(self, servers: list[ServerAnchor]):
-        self.servers = servers
-        self.name = servers[0].name
+    def __init__(self, name: str):
+        self.name = name
+        self.servers: list[ServerAnchor] = []
 
     def run(self, p: Prompt, tokens: list[int], max_tokens: int, sampling: SamplingConfig, repeat: int = 0):
         return self.servers[repeat % len(self.servers)].run(p, tokens, max_tokens, sampling)
@@ -220,28 +220,25 @@ def make_anchors(names: list[str], model_path: Path, draft_path: Path | None, n_
     the rpc-servers that hold `n_gpu_layers` of the target's layers; `repeat`: the bench's
     repeats, each of a configuration that learns across requests on its own server."""
     anchors: list = []
-    started: list = []  # every server, closed if a later one fails to start
     try:
         for name in names:
             if name == "llama-cpp-python":
                 anchors.append(PromptLookupAnchor(model_path, n_ctx, threads))
-                started.append(anchors[-1])
             elif name in SERVER_GROUPS or one_config(name) in SERVER_CONFIGS:
                 for n in SERVER_GROUPS.get(name, [one_config(name)]):
                     extra = SERVER_CONFIGS[n]
                     if n == "llama-server ngram-cache" and lookup_cache is not None:
                         extra = extra + ["-lcd", str(lookup_cache)]
-                    servers = []
+                    replicas = Replicas(n)
+                    anchors.append(replicas)  # listed before its servers start: closed if one fails
                     for _ in range(repeat if n in LEARNS_ACROSS_REQUESTS else 1):
-                        servers.append(ServerAnchor(n, model_path, draft_path, n_ctx, threads, extra, rpc,
-                                                    n_gpu_layers))
-                        started.append(servers[-1])
-                    anchors.append(Replicas(servers) if len(servers) > 1 else servers[0])
+                        replicas.servers.append(ServerAnchor(n, model_path, draft_path, n_ctx, threads, extra,
+                                                             rpc, n_gpu_layers))
             else:
                 raise LocalspecError(f"unknown anchor '{name}' (llama-cpp-python, llama-server, llama-server-ngram, "
                                      "or one configuration: llama-server-plain, llama-server-ngram-mod, ...)")
-    except BaseException:
-        for anchor in started:
+    except BaseException:  # the servers started so far do not outlive the bench that failed
+        for anchor in anchors:
             anchor.close()
         raise
     return anchors

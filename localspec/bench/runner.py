@@ -290,7 +290,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], configs: list[Config], max_
             ref_text = engine.model.detokenize([t for t in ref if not engine.model.is_eog(t)])
             for cfg in configs:
                 run, out = median_run(runs[cfg.name])
-                run.repeats = [r.seconds for r, _ in runs[cfg.name]]
+                run.repeats = [each.seconds for each, _ in runs[cfg.name]]
                 if greedy and not run.failed:
                     run.identical = out == (ref if cfg.spec is not None else ref_text)
                     if cfg.spec is not None and not run.identical:
