@@ -92,11 +92,11 @@ def drafter_for(engine: Engine, data: dict, own_long, store_long, hindsight_choi
     store.rollback(0)
     for doc in data["warm"]:
         store.add(doc)
-    drafter = (HindsightChoice if hindsight_choice else SuffixDrafter)(store)
-    # The last three buckets are the long matches' (12, 16, 24+ tokens): only their priors change.
+    drafter = (HindsightChoice if hindsight_choice else SuffixDrafter)(store, fim_suffix=engine.model.special.fim_suf)
+    # The three buckets before into_suffix_bucket are the long matches' (12, 16, 24+ tokens): only their priors change.
     for acceptance, long in ((drafter.lookup.acceptance, own_long), (drafter.acceptance, store_long)):
         if long:
-            acceptance.prior[-len(long):] = np.asarray(long)[:, None]
+            acceptance.prior[acceptance.into_suffix_bucket - len(long):acceptance.into_suffix_bucket] = np.asarray(long)[:, None]
     return drafter
 
 

@@ -68,7 +68,7 @@ def test_drafts_grow_as_deep_as_copies_run_and_stop_where_they_break():
     assert rates[0, 4] > 0.9  # a 2-token match, depths 9-16: inside a copy the text goes on
     # A 24-token match has followed its copy for about 20 tokens (depths count from where the
     # copy began): the text leaves it a few tokens on.
-    assert rates[-1, 5] < 0.7  # depths 17-32
+    assert rates[drafter.acceptance.rate_bucket(24), 5] < 0.7  # depths 17-32
     drafter = LookupDrafter()
     steps = decode(drafter, text_copying(run=3, n=2400), begin=200)
     late = steps[len(steps) // 2:]
@@ -143,6 +143,54 @@ def test_a_short_match_drafts_no_deeper_than_a_cheap_chain_verifies():
     assert set(short.tokens.tolist()) == {*range(100, 106), 112, 113, 114}
     long = acceptance.tree(tokens, parents, counts, n_match=24, n_occurrences=2, budget=six)
     assert len(long) == len(parents)
+
+
+FIM_SUF, FIM_MID = 5, 6
+
+
+def fim_prompt(rng: random.Random, after_cursor: list[int]) -> list[int]:
+    """A fill-in-the-middle prompt: code before the cursor, then the code after it."""
+    before = [rng.randrange(1000, 30000) for _ in range(200)]
+    return before + [FIM_SUF] + after_cursor + [FIM_MID]
+
+
+@pytest.mark.parametrize("seam", [0, 1, 2])
+def test_a_middle_running_into_the_code_after_the_cursor_is_drafted_as_a_copy(seam):
+    """A middle that starts rewriting the code after the cursor (small models' middles run on
+    into it) is a copy from its first tokens: with the fill-in-the-middle suffix token known,
+    a 3-token match there drafts as deep as the short-match depth allows (10 here) at once, as it does
+    when the match begins one or two tokens into the suffix (a newline merged into the
+    middle's last token); without it, the same match drafts no deeper than a short one."""
+    rng = random.Random(2)
+    after_cursor = [rng.randrange(1000, 30000) for _ in range(60)]
+    prompt = fim_prompt(rng, after_cursor)
+    context = prompt + [rng.randrange(1000, 30000) for _ in range(5)] + after_cursor[seam:seam + 3]
+    # This CPU's curve in single tokens (the 1.5B at 4k context): 16 rows at 7.7, 32 at 19.2.
+    seconds = np.interp(np.arange(32), [0, 1, 2, 3, 15, 31], [1, 1.75, 2.25, 3.05, 7.7, 19.2])
+    budget = Budget(CostCurve(seconds=seconds.tolist(), n_context=0), n_seq_max=8)
+    depths = {}
+    for fim_suffix in (FIM_SUF, -1):
+        drafter = LookupDrafter(fim_suffix=fim_suffix)
+        drafter.begin(prompt, SamplingConfig())
+        tree = budget.size(drafter.propose(context, budget))
+        assert tree.walk(after_cursor[seam + 3:])[0] == len(tree)  # a chain along the copy
+        depths[fim_suffix] = len(tree)
+    assert depths[-1] < short_match_depth(budget) <= depths[FIM_SUF]
+
+
+def test_a_short_match_elsewhere_in_a_fim_prompt_stays_a_short_bet():
+    """The same 3-token match in the code before the cursor, or in the code after it but not
+    at its start, is a short match like any other."""
+    rng = random.Random(3)
+    after_cursor = [rng.randrange(1000, 30000) for _ in range(60)]
+    prompt = fim_prompt(rng, after_cursor)
+    drafter = LookupDrafter(fim_suffix=FIM_SUF)
+    drafter.begin(prompt, SamplingConfig())
+    for copied in (prompt[50:53], after_cursor[10:13]):
+        assert not drafter.copies_after_cursor(prompt + [7] + copied, 3)
+    assert drafter.copies_after_cursor(prompt + [7] + after_cursor[:3], 3)
+    drafter.begin(prompt[:150], SamplingConfig())  # a prompt without a cursor
+    assert not drafter.copies_after_cursor(prompt + [7] + after_cursor[:3], 3)
 
 
 def test_a_budget_sizes_each_of_several_proposals_as_a_fresh_one_would():

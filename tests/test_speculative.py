@@ -106,6 +106,34 @@ def test_suffix_greedy_identical_to_plain(target, reference):
     assert stats.draft_n_accepted > 100 and stats.draft_n - stats.draft_n_accepted > 50
 
 
+def test_a_middle_copying_the_code_after_the_cursor_is_identical_to_plain(target):
+    """A fill-in-the-middle prompt whose middle runs on into the code after the cursor: the
+    lookup drafter drafts that copy as one from its first tokens (copies_after_cursor) on this
+    machine's kind of curve, and the output is plain decoding's. SmolLM2 has no FIM tokens:
+    one of its control tokens marks where the code after the cursor starts, as
+    <|fim_suffix|> does for a model that has them."""
+    from localspec.llama.curve import read_curve
+
+    model = target.model
+    marker = model.tokenize("<|im_start|>", add_special=False, parse_special=True)[0]
+    before = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
+    after = ("        self.items.append(item)\n\n    def pop(self):\n        return self.items.pop()\n\n"
+             "    def peek(self):\n        return self.items[-1]\n\n    def size(self):\n        return len(self.items)\n")
+    prompt = model.tokenize(before) + [marker] + model.tokenize(after, add_special=False) + [marker] \
+        + model.tokenize(before, add_special=False)
+    reference = plain(target, prompt, 64)
+    drafter = LookupDrafter(fim_suffix=marker)
+    fired = []
+    copies = drafter.copies_after_cursor
+    drafter.copies_after_cursor = lambda context, n_match: fired.append(copies(context, n_match)) or fired[-1]
+    stats = Stats()
+    target.clear()
+    controller = Fixed(drafter, Budget(read_curve(RECORDED_CURVE), 8), drafter.name)
+    out = [t for it in run(target, controller, prompt, GREEDY, 64, stats) for t in it.tokens]
+    assert out == reference
+    assert any(fired) and stats.draft_n_accepted > 20, (sum(fired), stats.summary())
+
+
 def test_argmax_on_device_greedy_identical_to_plain(small_model, reference):
     """The argmax inside the forward's graph (a greedy sampler per sequence: one token id per
     row comes back, not its logits), as a GPU runs by default, on the CPU backend: plain and

@@ -232,12 +232,12 @@ def factory(*kinds: str) -> Callable[[Factory], Factory]:
 
 @factory("lookup")
 def _lookup(drafters: Drafters, spec: DrafterSpec) -> Drafter:
-    return LookupDrafter()
+    return LookupDrafter(fim_suffix=drafters.model.special.fim_suf)
 
 
 @factory("suffix")
 def _suffix(drafters: Drafters, spec: DrafterSpec) -> Drafter:
-    return SuffixDrafter(drafters.suffix_store(spec.model or None))
+    return SuffixDrafter(drafters.suffix_store(spec.model or None), fim_suffix=drafters.model.special.fim_suf)
 
 
 @factory("draft", "draft-tree")

@@ -276,12 +276,12 @@ class SuffixDrafter(Drafter):
     learns = ("acceptance", "lookup.acceptance")
 
     def __init__(self, store: SuffixStore, max_match: int = 32, max_depth: int = 63,
-                 alpha: float = 2.0, min_share: float = 0.1, own_first: float = 1.3):
+                 alpha: float = 2.0, min_share: float = 0.1, own_first: float = 1.3, fim_suffix: int = -1):
         """`own_first`: a draft from the request's own context this sure of itself (its
-        expected speedup) is taken without searching the store."""
+        expected speedup) is taken without searching the store; `fim_suffix`: LookupDrafter's."""
         self.store = store
         self.own_first = own_first
-        self.lookup = LookupDrafter()  # the request's own context
+        self.lookup = LookupDrafter(fim_suffix=fim_suffix)  # the request's own context
         self.max_match = min(max_match, _native.SuffixStore.depth - 1)
         self.max_depth, self.alpha, self.min_share = max_depth, alpha, min_share
         # Of store drafts: text of other documents starts as a weaker bet than the request's own.
