@@ -31,7 +31,8 @@ class LookupDrafter(Drafter):
 
     def begin(self, prompt: list[int], sampling: SamplingConfig) -> None:
         self.sync(prompt, whole=True)
-        self.after_cursor = prompt.index(self.fim_suffix) + 1 if self.fim_suffix in prompt else -1
+        # (-1 is in no prompt, but asking scans all of it: a long chat's every request)
+        self.after_cursor = prompt.index(self.fim_suffix) + 1 if self.fim_suffix >= 0 and self.fim_suffix in prompt else -1
         self.copy = None
 
     def sync(self, context: list[int], whole: bool = False) -> None:
