@@ -221,8 +221,10 @@ def test_bench_repeat_and_a_session_workload_from_the_command_line(small_path, t
     assert "median of 2" in r.stdout
     turns = result["configs"][1]["runs"]  # a session's turns in order, each with its own time
     assert len(turns) == len(result["configs"][0]["runs"]) >= 2 and all(t["seconds"] > 0 for t in turns)
-    # every repeat's time beside the median's: the lower middle of two is the slower
-    assert all(len(t["repeat_seconds"]) == 2 and t["seconds"] == max(t["repeat_seconds"]) for t in turns)
+    # every repeat's time and tokens beside the median's: the lower middle of two is the slower
+    for t in turns:
+        rates = [n / s for n, s in zip(t["repeat_tokens"], t["repeat_seconds"])]
+        assert len(rates) == 2 and t["tokens"] / t["seconds"] == min(rates) and t["tokens"] in t["repeat_tokens"]
     assert len(result["meta"]["prompts"]) == 1
     assert result["meta"]["copy_ceiling"] >= 1.0 and "copy ceiling:" in r.stdout
     bad = localspec("bench", "-m", str(small_path), "--repeat", "0")

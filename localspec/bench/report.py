@@ -105,10 +105,11 @@ def to_json(configs: list[Config], meta: dict, projected_on=None) -> dict:
 
 def _turn(r: Run) -> dict:
     """One turn's run (a prompt's median one; a session's turns in order), so that a table's
-    ratio can be traced to the turns that make it; and every repeat's seconds (the spread)."""
+    ratio can be traced to the turns that make it; and every repeat's seconds and tokens (the
+    spread)."""
     return {"tokens": r.n_timed, "seconds": r.seconds, "forwards": r.forwards, "drafted": r.drafted,
             "accepted": r.accepted, "identical": r.identical, "failed": r.failed,
-            "repeat_seconds": r.repeats}
+            "repeat_seconds": r.repeats, "repeat_tokens": r.repeat_tokens}
 
 
 def write_json(configs: list[Config], meta: dict, path: Path, projected_on=None) -> None:

@@ -52,6 +52,8 @@ class Run:
     iterations: list[Step] = field(default_factory=list)  # after the prompt
     ran: dict[str, int] = field(default_factory=dict)  # iterations per arm (loop.Stats.ran)
     repeats: list[float] = field(default_factory=list)  # every repeat's seconds, in the order run
+    repeat_tokens: list[int] = field(default_factory=list)  # ... and the tokens each timed (a tie
+    # may flip in one repeat and not the other: the spread of two repeats is their rates')
 
 
 @dataclass
@@ -291,6 +293,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], configs: list[Config], max_
             for cfg in configs:
                 run, out = median_run(runs[cfg.name])
                 run.repeats = [each.seconds for each, _ in runs[cfg.name]]
+                run.repeat_tokens = [each.n_timed for each, _ in runs[cfg.name]]
                 if greedy and not run.failed:
                     run.identical = out == (ref if cfg.spec is not None else ref_text)
                     if cfg.spec is not None and not run.identical:
