@@ -109,7 +109,8 @@ def _turn(r: Run) -> dict:
     spread)."""
     return {"tokens": r.n_timed, "seconds": r.seconds, "forwards": r.forwards, "drafted": r.drafted,
             "accepted": r.accepted, "identical": r.identical, "failed": r.failed,
-            "repeat_seconds": r.repeats, "repeat_tokens": r.repeat_tokens}
+            "repeat_seconds": [seconds for seconds, _ in r.repeats],
+            "repeat_tokens": [tokens for _, tokens in r.repeats]}
 
 
 def write_json(configs: list[Config], meta: dict, path: Path, projected_on=None) -> None:

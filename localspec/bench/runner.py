@@ -51,9 +51,9 @@ class Run:
     ceiling: tuple[float, float] | None = None
     iterations: list[Step] = field(default_factory=list)  # after the prompt
     ran: dict[str, int] = field(default_factory=dict)  # iterations per arm (loop.Stats.ran)
-    repeats: list[float] = field(default_factory=list)  # every repeat's seconds, in the order run
-    repeat_tokens: list[int] = field(default_factory=list)  # ... and the tokens each timed (a tie
-    # may flip in one repeat and not the other: the spread of two repeats is their rates')
+    # every repeat's (seconds, tokens timed), in the order run: a tie may flip in one repeat and
+    # not the other, so the spread of two repeats is their rates'
+    repeats: list[tuple[float, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -292,8 +292,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], configs: list[Config], max_
             ref_text = engine.model.detokenize([t for t in ref if not engine.model.is_eog(t)])
             for cfg in configs:
                 run, out = median_run(runs[cfg.name])
-                run.repeats = [each.seconds for each, _ in runs[cfg.name]]
-                run.repeat_tokens = [each.n_timed for each, _ in runs[cfg.name]]
+                run.repeats = [(each.seconds, each.n_timed) for each, _ in runs[cfg.name]]
                 if greedy and not run.failed:
                     run.identical = out == (ref if cfg.spec is not None else ref_text)
                     if cfg.spec is not None and not run.identical:
