@@ -268,7 +268,7 @@ def test_a_chat_on_a_hybrid_target_stops_and_answers_as_a_cold_start(tmp_path, s
     import asyncio
 
     from conftest import RECORDED_CURVE
-    from test_chat import Recording, ready, say, until
+    from test_chat import Recording, ready, say, send_now, until
     from tui.app import ChatConfig
 
     path = make("qwen35", "tiny", tmp_path / "qwen35.gguf", tokenizer=small_path)
@@ -291,7 +291,7 @@ def test_a_chat_on_a_hybrid_target_stops_and_answers_as_a_cold_start(tmp_path, s
             await ready(pilot)
             await say(pilot, "def add(a, b):")
             app.query_one("#prompt").insert("Tell me a long story.")
-            await pilot.press("enter")
+            send_now(pilot)
             await until(pilot, lambda: app.answer is not None and app.answer.text != "")
             await pilot.press("escape")
             await until(pilot, lambda: app.answer is None)
