@@ -219,7 +219,7 @@ def test_a_killed_process_loses_at_most_the_last_second(small_path, tmp_path):
     script.write_text(f"""
 import asyncio, sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
-from test_chat import Recording, config, ready
+from test_chat import Recording, config, ready, send_now
 from pathlib import Path
 
 async def main():
@@ -227,7 +227,7 @@ async def main():
     async with app.run_test() as pilot:
         await ready(pilot)
         app.query_one("#prompt").insert("Tell me a very long story about a dragon and a knight.")
-        await pilot.press("enter")
+        send_now(pilot)
         print("sent", flush=True)
         await asyncio.sleep(600)
 asyncio.run(main())
