@@ -117,10 +117,17 @@ def test_a_middle_copying_the_code_after_the_cursor_is_identical_to_plain(target
     model = target.model
     marker = model.tokenize("<|im_start|>", add_special=False, parse_special=True)[0]
     before = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
-    after = ("        self.items.append(item)\n\n    def pop(self):\n        return self.items.pop()\n\n"
+    after = ("        self.items.append(item)\n\n    def pop(self):\n        if self.is_empty():\n"
+             "            raise IndexError(\"Cannot pop from an empty stack\")\n        return self.items.pop()\n\n"
+             "    def is_empty(self):\n        return len(self.items) == 0\n\n"
              "    def peek(self):\n        return self.items[-1]\n\n    def size(self):\n        return len(self.items)\n")
+    # The middle already begun as the code after the cursor, and that code written as SmolLM2
+    # writes it (pop checks is_empty): left to itself, its greedy middle copied on some
+    # machines' numerics and wrote a usage example, or its own pop, on an EPYC without
+    # AVX-512 (session 68), where the copy this test is about never began.
+    started = "        self.items"
     prompt = model.tokenize(before) + [marker] + model.tokenize(after, add_special=False) + [marker] \
-        + model.tokenize(before, add_special=False)
+        + model.tokenize(before, add_special=False) + model.tokenize(started, add_special=False)
     reference = plain(target, prompt, 64)
     drafter = LookupDrafter(fim_suffix=marker)
     fired = []
